@@ -1,0 +1,44 @@
+# nmt: `make demo` installs and runs the whole pipeline on the embedded sample corpus;
+# `make test` installs and runs the unit tests.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEMO_DIR ?= demo
+DEMO_MINUTES ?= 4.5
+
+.PHONY: install test test-all demo lint bench clean
+
+install: $(VENV)/.installed
+
+# A CPU machine must never pull the CUDA wheels: install torch==2.13.0 (the CPU build on disk) first where no
+# torch is present. A machine whose python already has a (CUDA) torch keeps it, through system site-packages.
+$(VENV)/.installed: pyproject.toml
+	@if $(PY) -c "import torch" >/dev/null 2>&1; then \
+		echo "using the torch already installed for $(PY)"; \
+		test -x $(BIN)/python || $(PY) -m venv --system-site-packages $(VENV); \
+	else \
+		test -x $(BIN)/python || $(PY) -m venv $(VENV); \
+		$(BIN)/python -c "import torch" >/dev/null 2>&1 || $(BIN)/pip install -q torch==2.13.0; \
+	fi
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+test: install
+	$(BIN)/python -m pytest
+
+test-all: install
+	$(BIN)/python -m pytest -m ""
+
+lint: install
+	$(BIN)/ruff check src tests bench
+
+demo: install
+	NMT_DEMO_DIR=$(DEMO_DIR) NMT_DEMO_MINUTES=$(DEMO_MINUTES) NMT=$(BIN)/nmt bash scripts/demo.sh
+
+bench: install
+	$(BIN)/python bench/prepare.py
+	$(BIN)/python bench/train.py
+	$(BIN)/python bench/translate.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache

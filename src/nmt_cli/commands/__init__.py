@@ -1,0 +1,1 @@
+"""One thin module per subcommand: parse options, call one core function, render the result."""

@@ -1,0 +1,11 @@
+"""`nmt average` (placeholder until its issue lands)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("average", help="(not implemented yet)")
+    def _cmd() -> None:
+        from nmt_cli.errors import NmtError
+
+        raise NmtError("nmt average is not implemented yet")

@@ -1,0 +1,11 @@
+"""`nmt score` (placeholder until its issue lands)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("score", help="(not implemented yet)")
+    def _cmd() -> None:
+        from nmt_cli.errors import NmtError
+
+        raise NmtError("nmt score is not implemented yet")

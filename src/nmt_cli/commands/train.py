@@ -1,0 +1,11 @@
+"""`nmt train` (placeholder until its issue lands)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("train", help="(not implemented yet)")
+    def _cmd() -> None:
+        from nmt_cli.errors import NmtError
+
+        raise NmtError("nmt train is not implemented yet")

@@ -1,0 +1,1 @@
+"""Corpora, tokenizer, binarized store and token batching."""

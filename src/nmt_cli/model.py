@@ -1,0 +1,275 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), batch-first.
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, K d_k = D / H, V vocabulary.
+Masks: `src_pad_mask` is a bool tensor [B, S], True at padding (as PyTorch's key_padding_mask).
+Post-LN by default, `LayerNorm(x + Dropout(Sublayer(x)))`; `norm_first=True` gives pre-LN with a final norm.
+
+`encode()` and `decode()` are separate public methods; `decode()` with a `DecoderCache` runs incrementally:
+the self-attention keys/values grow by one position a step, the encoder-decoder keys/values are computed once
+in `init_cache()`, and `cache.reorder(index)` follows beam search (or drops finished sentences).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt_cli.config import ModelConfig
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).  -> [n_positions, D]"""
+    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # [P, 1]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # [D/2]
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # [P, D/2]
+    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe.float()
+
+
+@dataclass
+class LayerCache:
+    """Keys/values of one decoder layer. Self-attention grows along dim 2; cross-attention is fixed."""
+
+    self_k: Tensor | None  # [B, H, t, K] (None before the first step)
+    self_v: Tensor | None  # [B, H, t, K]
+    cross_k: Tensor  # [B, H, S, K]
+    cross_v: Tensor  # [B, H, S, K]
+
+
+@dataclass
+class DecoderCache:
+    """Incremental-decoding state for the whole decoder stack."""
+
+    layers: list[LayerCache]
+    src_pad_mask: Tensor | None  # [B, S] True at padding, or None when nothing is padded
+    length: int = 0  # target positions already decoded
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` ([B'] long, may repeat or drop rows): follows beams, removes finished sentences."""
+        for layer in self.layers:
+            if layer.self_k is not None:
+                layer.self_k = layer.self_k.index_select(0, index)
+                layer.self_v = layer.self_v.index_select(0, index)
+            layer.cross_k = layer.cross_k.index_select(0, index)
+            layer.cross_v = layer.cross_v.index_select(0, index)
+        if self.src_pad_mask is not None:
+            self.src_pad_mask = self.src_pad_mask.index_select(0, index)
+
+
+def _attn_mask(pad_mask: Tensor | None) -> Tensor | None:
+    """[B, S] True-at-padding -> [B, 1, 1, S] True-where-attending, as scaled_dot_product_attention wants."""
+    return None if pad_mask is None else ~pad_mask[:, None, None, :]
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head scaled dot-product attention through F.scaled_dot_product_attention.
+
+    Self-attention uses one fused [D, 3D] input projection; encoder-decoder attention a [D, D] query and a
+    fused [D, 2D] key/value projection (the memory is projected once per sentence when decoding).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attention_dropout: float, self_attention: bool):
+        super().__init__()
+        self.h, self.d_k = n_heads, d_model // n_heads
+        self.self_attention = self_attention
+        self.dropout = attention_dropout
+        if self_attention:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        else:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def _split(self, x: Tensor) -> Tensor:  # [B, T, D] -> [B, H, T, K]
+        b, t, _ = x.shape
+        return x.view(b, t, self.h, self.d_k).transpose(1, 2)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder-decoder keys and values of `memory` [B, S, D] -> 2 x [B, H, S, K]."""
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        return self._split(k), self._split(v)
+
+    def forward(
+        self,
+        x: Tensor,  # [B, T, D] queries (and keys/values for self-attention)
+        mask: Tensor | None = None,  # bool, broadcastable to [B, H, T, T'], True = may attend
+        is_causal: bool = False,
+        memory: Tensor | None = None,  # [B, S, D] for encoder-decoder attention without a cache
+        cache: LayerCache | None = None,
+    ) -> Tensor:
+        if self.self_attention:
+            q, k, v = (self._split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))  # [B, H, T, K] each
+            if cache is not None:
+                if cache.self_k is not None:
+                    k = torch.cat([cache.self_k, k], dim=2)
+                    v = torch.cat([cache.self_v, v], dim=2)
+                cache.self_k, cache.self_v = k, v
+                # New queries are the latest positions: they may see every cached key, and among the new
+                # ones only earlier positions (a causal mask aligned to the bottom-right).
+                if q.size(2) > 1:
+                    t_new, t_all = q.size(2), k.size(2)
+                    mask = torch.ones(t_new, t_all, dtype=torch.bool, device=x.device).tril(t_all - t_new)
+                is_causal = False
+        else:
+            q = self._split(self.q_proj(x))
+            if cache is not None:
+                k, v = cache.cross_k, cache.cross_v
+            else:
+                k, v = self.project_kv(memory)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
+        )  # [B, H, T, K]
+        b, _, t, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual connection around `fn` with dropout and LayerNorm, post-LN or pre-LN."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, fn) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, self_attention=True)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.sub1 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
+        self.sub2 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:  # x [B, S, D]
+        x = self.sub1(x, lambda y: self.self_attn(y, mask=mask))
+        return self.sub2(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, self_attention=True)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, self_attention=False)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.sub1 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
+        self.sub2 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
+        self.sub3 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
+
+    def forward(
+        self, x: Tensor, memory: Tensor | None, memory_mask: Tensor | None, cache: LayerCache | None
+    ) -> Tensor:  # x [B, T, D]
+        x = self.sub1(x, lambda y: self.self_attn(y, is_causal=cache is None, cache=cache))
+        x = self.sub2(x, lambda y: self.cross_attn(y, mask=memory_mask, memory=memory, cache=cache))
+        return self.sub3(x, self.ffn)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        c = self.config = config.validate()
+        self.embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        if not c.share_embeddings:
+            self.tgt_embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+            self.out_proj = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
+        self.embed_scale = math.sqrt(c.d_model)
+        self.dropout = nn.Dropout(c.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
+        self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections with zero biases; embeddings N(0, d_model^-0.5) (as fairseq/tensor2tensor)."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        for emb in (self.embed, getattr(self, "tgt_embed", None)):
+            if emb is not None:
+                nn.init.normal_(emb.weight, mean=0.0, std=self.config.d_model**-0.5)
+                with torch.no_grad():
+                    emb.weight[self.config.pad_id].zero_()
+
+    def _embed(self, tokens: Tensor, embedding: nn.Embedding, offset: int = 0) -> Tensor:
+        """tokens [B, T] -> dropout(sqrt(D) * E[tokens] + PE[offset : offset + T])  [B, T, D]"""
+        t = tokens.size(1)
+        if offset + t > self.config.max_positions:
+            raise ValueError(f"sequence of {offset + t} tokens exceeds max_positions {self.config.max_positions}")
+        x = embedding(tokens) * self.embed_scale + self.positions[offset : offset + t].to(embedding.weight.dtype)
+        return self.dropout(x)
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
+        """src [B, S] token ids, src_pad_mask [B, S] True at padding -> memory [B, S, D]."""
+        mask = _attn_mask(src_pad_mask)
+        x = self._embed(src, self.embed)
+        for layer in self.encoder_layers:
+            x = layer(x, mask)
+        return self.encoder_norm(x)
+
+    def init_cache(self, memory: Tensor, src_pad_mask: Tensor | None = None) -> DecoderCache:
+        """Project the encoder output once per layer for incremental decoding. memory [B, S, D]."""
+        layers = []
+        for layer in self.decoder_layers:
+            k, v = layer.cross_attn.project_kv(memory)
+            layers.append(LayerCache(None, None, k, v))
+        return DecoderCache(layers, src_pad_mask, 0)
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None = None,
+        src_pad_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+    ) -> Tensor:
+        """Next-token logits [B, T, V] for target prefix tokens `tgt` [B, T] (starting with BOS).
+
+        Without a cache, `tgt` is the whole prefix and `memory` [B, S, D] the encoder output (causal masking).
+        With a cache from `init_cache()`, `tgt` holds only the new positions and the cache is extended.
+        """
+        target_embed = getattr(self, "tgt_embed", self.embed)
+        offset = cache.length if cache is not None else 0
+        x = self._embed(tgt, target_embed, offset)
+        mask = _attn_mask(cache.src_pad_mask if cache is not None else src_pad_mask)
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, memory, mask, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length += tgt.size(1)
+        x = self.decoder_norm(x)
+        weight = self.out_proj.weight if hasattr(self, "out_proj") else self.embed.weight
+        return F.linear(x, weight)  # [B, T, V]
+
+    def forward(self, src: Tensor, tgt: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
+        """Teacher-forced logits [B, T, V] for source [B, S] and shifted target input [B, T]."""
+        return self.decode(tgt, self.encode(src, src_pad_mask), src_pad_mask)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

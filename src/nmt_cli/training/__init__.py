@@ -1,0 +1,1 @@
+"""Training loop, schedule, loss, distributed/AMP runtime, checkpoints and averaging."""
