@@ -1,0 +1,180 @@
+"""Binarized parallel data: token ids in flat arrays with offset indexes, memory-mapped, plus a JSON manifest.
+
+Layout of a prepared data directory (written by `nmt prepare`):
+  manifest.json            corpus, languages, counts, vocabulary, checksums, versions, options
+  spm.model                the joint sentencepiece model (bytes also stored in every checkpoint)
+  {split}.{lang}.bin       all token ids of a split/side back to back (uint16 when the vocabulary fits, else int32)
+  {split}.{lang}.idx       int64 offsets, n + 1 of them: sentence i is bin[idx[i]:idx[i + 1]]
+Ids on disk carry no BOS/EOS; `collate` adds them.
+Files are written to a temporary name and renamed when complete, so a later run never trusts a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.errors import DataError
+
+MANIFEST = "manifest.json"
+SPM_MODEL = "spm.model"
+
+
+def dtype_for(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+class BinaryWriter:
+    """Streams sentences (lists of ids) into `{prefix}.bin/.idx`; `close()` renames the finished files into place."""
+
+    def __init__(self, prefix: str | os.PathLike, vocab_size: int):
+        self.prefix = Path(prefix)
+        self.dtype = dtype_for(vocab_size)
+        self._bin_tmp = self.prefix.with_name(self.prefix.name + ".bin.tmp")
+        self._bin = open(self._bin_tmp, "wb")
+        self._offsets = [0]
+        self.n_tokens = 0
+
+    def add_many(self, sentences: list[list[int]]) -> None:
+        if not sentences:
+            return
+        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+        flat = np.fromiter((i for s in sentences for i in s), dtype=self.dtype, count=int(lengths.sum()))
+        self._bin.write(flat.tobytes())
+        ends = self.n_tokens + np.cumsum(lengths)
+        self._offsets.extend(ends.tolist())
+        self.n_tokens = int(ends[-1])
+
+    def close(self) -> None:
+        self._bin.flush()
+        os.fsync(self._bin.fileno())
+        self._bin.close()
+        idx_tmp = self.prefix.with_name(self.prefix.name + ".idx.tmp")
+        np.asarray(self._offsets, dtype=np.int64).tofile(idx_tmp)
+        os.replace(self._bin_tmp, self.prefix.with_name(self.prefix.name + ".bin"))
+        os.replace(idx_tmp, self.prefix.with_name(self.prefix.name + ".idx"))
+
+    def abort(self) -> None:
+        self._bin.close()
+        self._bin_tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> BinaryWriter:
+        return self
+
+    def __exit__(self, exc_type, *_):
+        self.abort() if exc_type else self.close()
+
+
+class IndexedArray:
+    """Read-only view of `{prefix}.bin/.idx`: `arr[i]` -> np.ndarray of ids, `arr.lengths` -> [n] int64."""
+
+    def __init__(self, prefix: str | os.PathLike, dtype: np.dtype):
+        prefix = Path(prefix)
+        bin_path, idx_path = prefix.with_name(prefix.name + ".bin"), prefix.with_name(prefix.name + ".idx")
+        for p in (bin_path, idx_path):
+            if not p.exists():
+                raise DataError(f"{p} is missing; re-run nmt prepare for this data directory")
+        self.offsets = np.fromfile(idx_path, dtype=np.int64)
+        n_tokens = int(self.offsets[-1]) if len(self.offsets) else 0
+        if bin_path.stat().st_size != n_tokens * dtype.itemsize:
+            raise DataError(f"{bin_path} does not match its index (truncated?); re-run nmt prepare with --force")
+        self.data = np.memmap(bin_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype=dtype)
+        self.lengths = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.data[self.offsets[i] : self.offsets[i + 1]]
+
+
+def load_manifest(data_dir: str | os.PathLike) -> dict:
+    """The manifest of a prepared data directory, or a DataError saying how to make one."""
+    path = Path(data_dir) / MANIFEST
+    if not Path(data_dir).is_dir():
+        raise DataError(f"{data_dir} is not a directory; create one with: nmt prepare sample -o {data_dir}")
+    if not path.exists():
+        raise DataError(f"{data_dir} was not written by nmt prepare (no {MANIFEST}); run nmt prepare first")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path} is not valid JSON ({exc}); re-run nmt prepare with --force") from exc
+
+
+class ParallelData:
+    """One split of a prepared data directory: `data[i]` -> (src ids, tgt ids) as np arrays, without BOS/EOS."""
+
+    def __init__(self, data_dir: str | os.PathLike, split: str, manifest: dict | None = None):
+        self.manifest = manifest or load_manifest(data_dir)
+        src, tgt = self.manifest["src_lang"], self.manifest["tgt_lang"]
+        if split not in self.manifest.get("splits", {}):
+            raise DataError(f"{data_dir} has no '{split}' split; it has {sorted(self.manifest.get('splits', {}))}")
+        dtype = dtype_for(int(self.manifest["vocab_size"]))
+        self.src = IndexedArray(Path(data_dir) / f"{split}.{src}", dtype)
+        self.tgt = IndexedArray(Path(data_dir) / f"{split}.{tgt}", dtype)
+        if len(self.src) != len(self.tgt):
+            raise DataError(f"{data_dir}: {split} has {len(self.src)} source but {len(self.tgt)} target sentences; "
+                            "re-run nmt prepare with --force")
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.src[i], self.tgt[i]
+
+    @property
+    def src_lengths(self) -> np.ndarray:
+        """Lengths as the model sees them: ids + EOS."""
+        return self.src.lengths + 1
+
+    @property
+    def tgt_lengths(self) -> np.ndarray:
+        """Lengths as the model sees them: BOS + ids (input) or ids + EOS (output)."""
+        return self.tgt.lengths + 1
+
+
+@dataclass
+class Batch:
+    """A padded batch. src [B, S] (ids + EOS), src_pad_mask [B, S] True at padding, tgt_in [B, T] (BOS + ids),
+    tgt_out [B, T] (ids + EOS, PAD where padded), n_tgt_tokens: non-pad target tokens."""
+
+    src: torch.Tensor
+    src_pad_mask: torch.Tensor
+    tgt_in: torch.Tensor
+    tgt_out: torch.Tensor
+    n_tgt_tokens: int
+    n_src_tokens: int
+
+    def to(self, device, non_blocking: bool = False) -> Batch:
+        return Batch(self.src.to(device, non_blocking=non_blocking),
+                     self.src_pad_mask.to(device, non_blocking=non_blocking),
+                     self.tgt_in.to(device, non_blocking=non_blocking),
+                     self.tgt_out.to(device, non_blocking=non_blocking), self.n_tgt_tokens, self.n_src_tokens)
+
+
+def collate(pairs: list[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID) -> Batch:
+    """Pad a list of (src ids, tgt ids) into a Batch (adds EOS to sources, BOS/EOS to targets)."""
+    n = len(pairs)
+    s_len = max(len(s) for s, _ in pairs) + 1
+    t_len = max(len(t) for _, t in pairs) + 1
+    src = np.full((n, s_len), pad_id, dtype=np.int64)
+    tgt_in = np.full((n, t_len), pad_id, dtype=np.int64)
+    tgt_out = np.full((n, t_len), pad_id, dtype=np.int64)
+    for i, (s, t) in enumerate(pairs):
+        src[i, : len(s)] = s
+        src[i, len(s)] = EOS_ID
+        tgt_in[i, 0] = BOS_ID
+        tgt_in[i, 1 : len(t) + 1] = t
+        tgt_out[i, : len(t)] = t
+        tgt_out[i, len(t)] = EOS_ID
+    src_t = torch.from_numpy(src)
+    pad_mask = src_t.eq(pad_id)
+    tgt_out_t = torch.from_numpy(tgt_out)
+    return Batch(src_t, pad_mask, torch.from_numpy(tgt_in), tgt_out_t,
+                 int(tgt_out_t.ne(pad_id).sum()), int((~pad_mask).sum()))
