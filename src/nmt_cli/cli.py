@@ -55,27 +55,14 @@ def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the app, turning NmtError into one line on stderr, exit 1."""
     debug = _state["debug"] or "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        app(args=argv, standalone_mode=False)
+        # Standalone mode: Typer/Click handle --help, usage errors (exit 2) and Ctrl-C themselves;
+        # only our own errors come through here.
+        app(args=argv, prog_name="nmt")
     except NmtError as exc:
         if debug:
             raise
         _error_line(str(exc))
         sys.exit(1)
-    except KeyboardInterrupt:
-        _error_line("interrupted")
-        sys.exit(130)
-    except typer.Exit as exc:  # --help, --version
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        _error_line("aborted")
-        sys.exit(1)
-    except Exception as exc:  # click usage errors (exit 2) are handled below; others are real bugs
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
 
 
 def _error_line(message: str) -> None:

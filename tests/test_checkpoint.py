@@ -1,0 +1,101 @@
+"""Self-contained, atomic, safe checkpoints."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from nmt_cli import checkpoint as ckpt_mod
+from nmt_cli.checkpoint import Checkpoint, load, save
+from nmt_cli.config import preset
+from nmt_cli.data.tokenizer import Tokenizer
+from nmt_cli.errors import CheckpointError
+from nmt_cli.model import Transformer
+
+
+@pytest.fixture()
+def small_ckpt(toy_tokenizer_bytes):
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=Tokenizer(toy_tokenizer_bytes).vocab_size, d_model=32, d_ff=64)
+    model = Transformer(cfg)
+    return Checkpoint(cfg, model.state_dict(), toy_tokenizer_bytes, {"src": "en", "tgt": "de"},
+                      train_state={"step": 7, "rng": torch.get_rng_state(), "py": (3, (1, 2), None)})
+
+
+def test_round_trip_gives_identical_outputs(tmp_path, small_ckpt):
+    path = tmp_path / "m.pt"
+    save(small_ckpt, path)
+    loaded = load(path)
+    assert loaded.model_config == small_ckpt.model_config
+    assert loaded.tokenizer == small_ckpt.tokenizer and loaded.langs == {"src": "en", "tgt": "de"}
+    assert loaded.train_state["step"] == 7
+    a, b = Transformer(small_ckpt.model_config), loaded.build_model()
+    a.load_state_dict(small_ckpt.model_state)
+    a.eval()
+    src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
+    assert torch.equal(a(src, tgt), b(src, tgt))
+    tok = loaded.tokenizer_obj()
+    assert tok.decode(tok.encode(["the cat sees a dog"])) == ["the cat sees a dog"]
+    assert not list(tmp_path.glob("*.tmp")), "no temporary file left behind"
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def test_pickle_that_would_run_code_is_refused(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "nmt-checkpoint", "version": 1, "payload": _Evil()}, path)
+    with pytest.raises(CheckpointError, match="refused"):
+        load(path)
+    raw = tmp_path / "raw.pkl"
+    raw.write_bytes(pickle.dumps(_Evil()))
+    with pytest.raises(CheckpointError):
+        load(raw)
+
+
+def test_truncated_file_gives_clear_error(tmp_path, small_ckpt):
+    path = tmp_path / "m.pt"
+    save(small_ckpt, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"m\.pt.*(truncated|corrupt)"):
+        load(path)
+
+
+def test_foreign_too_new_missing_and_empty_files(tmp_path, small_ckpt):
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(CheckpointError, match="not an nmt checkpoint"):
+        load(foreign)
+    newer = tmp_path / "newer.pt"
+    data = ckpt_mod.to_dict(small_ckpt)
+    data["version"] = ckpt_mod.VERSION + 1
+    torch.save(data, newer)
+    with pytest.raises(CheckpointError, match="newer.*upgrade"):
+        load(newer)
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load(tmp_path / "missing.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty"):
+        load(tmp_path / "empty.pt")
+
+
+def test_interrupted_save_leaves_old_checkpoint_valid(tmp_path, small_ckpt, monkeypatch):
+    path = tmp_path / "m.pt"
+    save(small_ckpt, path)
+    before = path.read_bytes()
+
+    def crash(obj, f):
+        f.write(b"partial data")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", crash)
+    with pytest.raises(OSError):
+        save(small_ckpt, path)
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob("*.tmp"))
+    monkeypatch.undo()
+    assert load(path).train_state["step"] == 7
