@@ -11,6 +11,7 @@ Files are written to a temporary name and renamed when complete, so a later run 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -31,38 +32,44 @@ def dtype_for(vocab_size: int) -> np.dtype:
 
 
 class BinaryWriter:
-    """Streams sentences (lists of ids) into `{prefix}.bin/.idx`; `close()` renames the finished files into place."""
+    """Streams sentences (lists of ids) into `{prefix}.bin/.idx`; `close()` renames the finished files into place.
+
+    Both files are streamed to disk (memory stays constant whatever the number of sentences)."""
 
     def __init__(self, prefix: str | os.PathLike, vocab_size: int):
         self.prefix = Path(prefix)
         self.dtype = dtype_for(vocab_size)
         self._bin_tmp = self.prefix.with_name(self.prefix.name + ".bin.tmp")
+        self._idx_tmp = self.prefix.with_name(self.prefix.name + ".idx.tmp")
         self._bin = open(self._bin_tmp, "wb")
-        self._offsets = [0]
+        self._idx = open(self._idx_tmp, "wb")
+        self._idx.write(np.zeros(1, dtype=np.int64).tobytes())
         self.n_tokens = 0
+        self.n_sentences = 0
 
     def add_many(self, sentences: list[list[int]]) -> None:
         if not sentences:
             return
-        lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
-        flat = np.fromiter((i for s in sentences for i in s), dtype=self.dtype, count=int(lengths.sum()))
+        lengths = np.fromiter(map(len, sentences), dtype=np.int64, count=len(sentences))
+        flat = np.fromiter(itertools.chain.from_iterable(sentences), dtype=self.dtype, count=int(lengths.sum()))
         self._bin.write(flat.tobytes())
         ends = self.n_tokens + np.cumsum(lengths)
-        self._offsets.extend(ends.tolist())
+        self._idx.write(ends.tobytes())
         self.n_tokens = int(ends[-1])
+        self.n_sentences += len(sentences)
 
     def close(self) -> None:
-        self._bin.flush()
-        os.fsync(self._bin.fileno())
-        self._bin.close()
-        idx_tmp = self.prefix.with_name(self.prefix.name + ".idx.tmp")
-        np.asarray(self._offsets, dtype=np.int64).tofile(idx_tmp)
+        for f in (self._bin, self._idx):
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
         os.replace(self._bin_tmp, self.prefix.with_name(self.prefix.name + ".bin"))
-        os.replace(idx_tmp, self.prefix.with_name(self.prefix.name + ".idx"))
+        os.replace(self._idx_tmp, self.prefix.with_name(self.prefix.name + ".idx"))
 
     def abort(self) -> None:
-        self._bin.close()
-        self._bin_tmp.unlink(missing_ok=True)
+        for f, p in ((self._bin, self._bin_tmp), (self._idx, self._idx_tmp)):
+            f.close()
+            p.unlink(missing_ok=True)
 
     def __enter__(self) -> BinaryWriter:
         return self

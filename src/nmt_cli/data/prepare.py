@@ -1,0 +1,408 @@
+"""The `nmt prepare` pipeline: read -> clean -> learn joint BPE -> encode -> binarize -> manifest.
+
+Steps and their reuse:
+  1. check   every input is opened and counted before anything is written (line counts must match).
+  2. bpe     joint sentencepiece BPE on a bounded uniform sample of the training pairs (both sides) -> spm.model
+  3. encode  per split, streaming in chunks: clean, encode on all cores, append to {split}.{lang}.bin/.idx and
+             the kept raw text to raw/{split}.{lang}
+  4. manifest.json, written last and atomically: a directory without it is never trusted.
+Each finished step leaves a stamp in `.steps/` (its options and input fingerprints); a re-run with the same
+options and inputs reuses the step, `force=True` redoes it. Every file is written under a temporary name and
+renamed when complete, so an interrupted run never leaves a file that a later run trusts.
+Memory stays bounded: only one chunk of pairs (and the BPE sample) is held at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from nmt_cli.data import corpora, sample
+from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
+from nmt_cli.data.corpora import PairSource, Progress
+from nmt_cli.data.store import MANIFEST, SPM_MODEL, BinaryWriter
+from nmt_cli.data.tokenizer import Tokenizer, train_bpe
+from nmt_cli.errors import ConfigError, DataError
+
+FORMAT_VERSION = 1
+STEPS_DIR = ".steps"
+DEFAULT_CUSTOM_VOCAB = 8000
+
+
+@dataclass
+class PrepareOptions:
+    """Everything `nmt prepare` can be told. `train`/`valid`/`test` are file prefixes (PREFIX.lang)."""
+
+    corpus: str
+    out_dir: str
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    train: str | None = None
+    valid: str | None = None
+    test: str | None = None
+    from_dir: str | None = None
+    reverse: bool = False
+    vocab_size: int | None = None
+    max_len: int = 250
+    ratio: float = 1.5
+    normalize_punct: bool = False
+    bpe_sample: int | None = None  # max sentences (both sides together) for learning BPE
+    workers: int = 0  # 0: all cores
+    errors: str = "strict"
+    force: bool = False
+    seed: int = 1
+    chunk_size: int = 50_000
+    sample_sizes: dict[str, int] | None = None  # sample corpus only (tests use smaller ones)
+    cache_dir: str | None = None  # huggingface_hub cache
+
+    def __post_init__(self):
+        if self.errors not in ("strict", "replace"):
+            raise ConfigError(f"--errors must be strict or replace, not {self.errors!r}")
+        if self.vocab_size is not None and self.vocab_size < 8:
+            raise ConfigError(f"--vocab-size {self.vocab_size} is too small; use at least a few hundred")
+        if self.max_len < 1 or self.ratio < 1 or self.chunk_size < 1:
+            raise ConfigError("--max-len must be >= 1 and --ratio >= 1")
+
+
+@dataclass
+class PrepareResult:
+    out_dir: Path
+    manifest: dict
+    reused: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # wall seconds per stage
+    cpu: dict[str, float] = field(default_factory=dict)  # process CPU seconds (all threads) per stage
+
+
+# -------------------------------------------------------------------------------------------- planning
+
+
+@dataclass
+class _Plan:
+    name: str
+    file_langs: tuple[str, str]  # languages of the corpus sides as read
+    src: str  # model source language
+    tgt: str
+    vocab_size: int
+    coverage: float
+    bpe_sample: int
+    sources: dict[str, PairSource]
+    origin: dict = field(default_factory=dict)
+
+
+def _plan(opts: PrepareOptions, progress: Progress | None) -> _Plan:
+    spec, reversed_name = corpora.resolve(opts.corpus)
+    local = {s: getattr(opts, s) for s in corpora.SPLITS if getattr(opts, s)}
+    if spec is None:  # custom
+        if not (opts.src_lang and opts.tgt_lang):
+            raise ConfigError("nmt prepare custom needs --src-lang and --tgt-lang (e.g. --src-lang en --tgt-lang de)")
+        if "train" not in local or "valid" not in local:
+            raise ConfigError("nmt prepare custom needs --train PREFIX and --valid PREFIX (files PREFIX.<lang>); "
+                              "--test PREFIX is optional")
+        a, b = opts.src_lang, opts.tgt_lang
+        if a == b:
+            raise ConfigError(f"--src-lang and --tgt-lang are both '{a}'")
+        sources = corpora.text_sources(local, a, b, opts.errors)
+        vocab, coverage, bpe_sample = DEFAULT_CUSTOM_VOCAB, 1.0, 2_000_000
+        origin = {"kind": "local", "prefixes": local}
+    else:
+        a, b = spec.src, spec.tgt
+        for flag, lang in (("--src-lang", opts.src_lang), ("--tgt-lang", opts.tgt_lang)):
+            if lang and lang not in (a, b):
+                raise ConfigError(f"{flag} {lang} is not a language of {spec.name} ({a}, {b})")
+        vocab, coverage, bpe_sample = spec.vocab_size, spec.character_coverage, spec.bpe_sample
+        if local:
+            if "train" not in local or "valid" not in local:
+                raise ConfigError("local files for a named corpus need at least --train and --valid prefixes")
+            sources = corpora.text_sources(local, a, b, opts.errors)
+            origin = {"kind": "local", "prefixes": local}
+        elif opts.from_dir:
+            sources = corpora.from_dir_sources(spec, opts.from_dir, opts.errors)
+            origin = {"kind": "from-dir", "dir": str(Path(opts.from_dir).resolve())}
+        elif spec.name == "sample":
+            sizes = opts.sample_sizes or sample.DEFAULT_SIZES
+            splits = sample.generate(sizes, sample.DEFAULT_SEED)
+            ident = {"generator": "nmt_cli.data.sample", "version": sample.SAMPLE_VERSION,
+                     "seed": sample.DEFAULT_SEED, "sizes": sizes}
+            sources = {s: corpora.MemorySource(s, pairs, {**ident, "split": s}) for s, pairs in splits.items()}
+            origin = {"kind": "generated", **ident}
+        else:
+            sources = corpora.hub_sources(spec, progress, opts.cache_dir)
+            origin = {"kind": "hub", "repo": corpora.HUB_REPO, "revision": corpora.HUB_REVISION,
+                      "files": spec.hub_files()}
+    src, tgt = (a, b)
+    if opts.src_lang and spec is not None and opts.src_lang != a:
+        src, tgt = b, a
+    if reversed_name != opts.reverse:
+        src, tgt = tgt, src
+    return _Plan(opts.corpus, (a, b), src, tgt, opts.vocab_size or vocab, coverage,
+                 opts.bpe_sample or bpe_sample, sources, origin)
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _Stamps:
+    """Per-step stamps in OUT/.steps/: {key, ...result}; a step is reused when its key and files match."""
+
+    def __init__(self, out: Path, force: bool):
+        self.dir = out / STEPS_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.force = force
+
+    def get(self, step: str, key: str, files: list[Path]) -> dict | None:
+        path = self.dir / f"{step}.json"
+        if self.force or not path.exists() or not all(f.exists() for f in files):
+            return None
+        try:
+            stamp = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            return None
+        return stamp if stamp.get("key") == key else None
+
+    def put(self, step: str, key: str, result: dict) -> None:
+        _atomic_write_text(self.dir / f"{step}.json", json.dumps({"key": key, **result}, indent=1))
+
+    def drop(self, step: str) -> None:
+        (self.dir / f"{step}.json").unlink(missing_ok=True)
+
+
+def _bpe_sentences(source: PairSource, n_pairs: int, k: int, seed: int, normalizer: Normalizer,
+                   chunk: int, progress: Progress | None) -> list[str]:
+    """Both sides of a uniform random sample of k training pairs (streamed; only the sample is kept)."""
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(n_pairs, size=k, replace=False)) if k < n_pairs else np.arange(n_pairs)
+    out: list[str] = []
+    start = 0
+    for src, tgt in source.chunks(chunk):
+        lo, hi = np.searchsorted(chosen, [start, start + len(src)])
+        picked = (chosen[lo:hi] - start).tolist()
+        s, t = normalizer([src[i] for i in picked], [tgt[i] for i in picked])
+        out += [x for x in (y.strip() for y in s + t) if x]
+        start += len(src)
+        if progress:
+            progress("bpe sample", start, n_pairs)
+        if hi >= len(chosen):
+            break
+    return out
+
+
+def _encode_split(split: str, source: PairSource, plan: _Plan, tok: Tokenizer, out: Path, cfg: CleanConfig,
+                  normalizer: Normalizer, workers: int, chunk: int, total: int,
+                  progress: Progress | None) -> dict:
+    """Clean, encode and binarize one split; returns its stamp result (counts, tokens, checksums)."""
+    a, b = plan.file_langs
+    counts = CleanCounts()
+    is_train = split == "train"
+    raw_dir = out / "raw"
+    raw_dir.mkdir(exist_ok=True)
+    raw_tmp = [raw_dir / f"{split}.{lang}.tmp" for lang in (a, b)]
+    writers = [BinaryWriter(out / f"{split}.{lang}", tok.vocab_size) for lang in (a, b)]
+    files = [open(p, "w", encoding="utf-8") for p in raw_tmp]
+    try:
+        for src, tgt in source.chunks(chunk):
+            src, tgt = text_filter(src, tgt, counts, drop_empty=is_train)
+            src, tgt = normalizer(src, tgt)
+            ids_s = tok.encode(src, num_threads=workers)
+            ids_t = tok.encode(tgt, num_threads=workers)
+            if is_train:
+                keep = length_mask(np.fromiter(map(len, ids_s), np.int64, len(ids_s)),
+                                   np.fromiter(map(len, ids_t), np.int64, len(ids_t)), cfg, counts)
+                if not keep.all():
+                    idx = np.flatnonzero(keep).tolist()
+                    src, tgt = [src[i] for i in idx], [tgt[i] for i in idx]
+                    ids_s, ids_t = [ids_s[i] for i in idx], [ids_t[i] for i in idx]
+            writers[0].add_many(ids_s)
+            writers[1].add_many(ids_t)
+            for f, lines in zip(files, (src, tgt), strict=True):
+                if lines:
+                    f.write("\n".join(lines) + "\n")
+            counts.kept += len(src)
+            if progress:
+                progress(f"encode {split}", counts.read, total)
+        if counts.read != total:
+            raise DataError(f"{split}: read {counts.read} pairs but counted {total} before; the input changed "
+                            "while nmt prepare was reading it")
+    except BaseException:
+        for w in writers:
+            w.abort()
+        for f, p in zip(files, raw_tmp, strict=True):
+            f.close()
+            p.unlink(missing_ok=True)
+        raise
+    for f in files:
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+    n_tokens = {lang: w.n_tokens for lang, w in zip((a, b), writers, strict=True)}
+    for w in writers:
+        w.close()
+    for p in raw_tmp:
+        os.replace(p, p.with_suffix(""))
+    return {"counts": counts.to_dict(), "tokens": n_tokens, "inputs": source.checksums}
+
+
+class _Clock:
+    """Wall and process-CPU seconds per stage (`lap(name)`: the time since the previous lap)."""
+
+    def __init__(self):
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._start = self._last = (time.perf_counter(), time.process_time())
+
+    def lap(self, name: str) -> None:
+        now = (time.perf_counter(), time.process_time())
+        self.wall[name], self.cpu[name] = now[0] - self._last[0], now[1] - self._last[1]
+        self._last = now
+
+    def total(self) -> None:
+        self.lap("manifest")
+        self.wall["total"] = self._last[0] - self._start[0]
+        self.cpu["total"] = self._last[1] - self._start[1]
+
+
+def _split_files(out: Path, split: str, langs: tuple[str, str]) -> list[Path]:
+    return [out / f"{split}.{lang}.{ext}" for lang in langs for ext in ("bin", "idx")] + \
+           [out / "raw" / f"{split}.{lang}" for lang in langs]
+
+
+def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareResult:
+    """Run the pipeline; returns the manifest (also written to OUT_DIR/manifest.json) and what was reused."""
+    clock = _Clock()
+    plan = _plan(opts, progress)
+    clock.lap("download")
+
+    # 1. check every input before writing anything
+    totals = {}
+    for split, source in plan.sources.items():
+        if progress:
+            progress(f"count {split}", 0, None)
+        totals[split] = source.count()
+    if totals.get("train", 0) == 0:
+        raise DataError(f"the training data of {plan.name} is empty; pass a non-empty --train corpus")
+    clock.lap("check")
+
+    out = Path(opts.out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"-o {out} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)  # untrusted until this run finishes
+    stamps = _Stamps(out, opts.force)
+    workers = opts.workers or os.cpu_count() or 1
+    reused: list[str] = []
+    a, b = plan.file_langs
+
+    # 2. joint BPE
+    normalizer = Normalizer(a, b, opts.normalize_punct)
+    train = plan.sources["train"]
+    bpe_key = _digest({"v": FORMAT_VERSION, "input": train.fingerprint(), "vocab": plan.vocab_size,
+                       "sample": plan.bpe_sample, "seed": opts.seed, "norm": opts.normalize_punct,
+                       "coverage": plan.coverage, "errors": opts.errors})
+    spm_path = out / SPM_MODEL
+    if stamps.get("bpe", bpe_key, [spm_path]):
+        reused.append("bpe")
+        model_bytes = spm_path.read_bytes()
+    else:
+        stamps.drop("bpe")
+        k = min(totals["train"], max(1, plan.bpe_sample // 2))
+        sentences = _bpe_sentences(train, totals["train"], k, opts.seed, normalizer, opts.chunk_size, progress)
+        if not sentences:
+            raise DataError(f"the training data of {plan.name} has no non-empty sentence to learn BPE from")
+        if progress:
+            progress("learn bpe", 0, None)
+        model_bytes = train_bpe(sentences, plan.vocab_size, character_coverage=plan.coverage, num_threads=workers)
+        del sentences
+        _atomic_write_bytes(spm_path, model_bytes)
+        stamps.put("bpe", bpe_key, {"sentences": 2 * k})
+    tok = Tokenizer(model_bytes)
+    spm_sha = hashlib.sha256(model_bytes).hexdigest()
+    clock.lap("bpe")
+
+    # 3. encode + binarize, per split
+    cfg = CleanConfig(opts.max_len, opts.ratio, opts.normalize_punct)
+    results = {}
+    for split, source in plan.sources.items():
+        key = _digest({"v": FORMAT_VERSION, "input": source.fingerprint(), "spm": spm_sha, "langs": [a, b],
+                       "clean": asdict(cfg) if split == "train" else None, "norm": opts.normalize_punct,
+                       "errors": opts.errors})
+        stamp = stamps.get(f"encode-{split}", key, _split_files(out, split, (a, b)))
+        if stamp:
+            reused.append(f"encode {split}")
+        else:
+            stamps.drop(f"encode-{split}")
+            stamp = _encode_split(split, source, plan, tok, out, cfg, normalizer, workers, opts.chunk_size,
+                                  totals[split], progress)
+            stamp["outputs"] = {f.name: "sha256:" + corpora.sha256_file(f)
+                                for f in _split_files(out, split, (a, b))[:4]}
+            stamps.put(f"encode-{split}", key, stamp)
+        results[split] = stamp
+        clock.lap(f"encode {split}")
+
+    # 4. manifest, last
+    manifest = _manifest(opts, plan, tok, spm_sha, results)
+    _atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    clock.total()
+    return PrepareResult(out, manifest, reused, clock.wall, clock.cpu)
+
+
+def _manifest(opts: PrepareOptions, plan: _Plan, tok: Tokenizer, spm_sha: str, results: dict) -> dict:
+    import sentencepiece
+
+    from nmt_cli import __version__
+
+    splits = {}
+    checksums = {SPM_MODEL: "sha256:" + spm_sha}
+    inputs = {}
+    for split, r in results.items():
+        c = r["counts"]
+        splits[split] = {"read": c["read"], "kept": c["kept"], "dropped": c["dropped"],
+                         "src_tokens": r["tokens"][plan.src], "tgt_tokens": r["tokens"][plan.tgt]}
+        checksums.update(r.get("outputs", {}))
+        inputs[split] = r.get("inputs", {})
+    options = {k: v for k, v in asdict(opts).items() if k not in ("out_dir", "force", "cache_dir")}
+    options.update(vocab_size=plan.vocab_size, bpe_sample=plan.bpe_sample, character_coverage=plan.coverage)
+    return {
+        "format_version": FORMAT_VERSION,
+        "corpus": plan.name,
+        "src_lang": plan.src,
+        "tgt_lang": plan.tgt,
+        "vocab_size": tok.vocab_size,
+        "spm_model": SPM_MODEL,
+        "special_ids": {"pad": tok.pad_id, "unk": tok.unk_id, "bos": tok.bos_id, "eos": tok.eos_id},
+        "splits": splits,
+        "checksums": checksums,
+        "inputs": inputs,
+        "origin": plan.origin,
+        "options": options,
+        "versions": {"nmt": __version__, "sentencepiece": sentencepiece.__version__, "numpy": np.__version__,
+                     "python": platform.python_version(), "sample": sample.SAMPLE_VERSION},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }

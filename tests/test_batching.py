@@ -1,0 +1,94 @@
+"""Length-bucketed token batching: budgets, no dropped example, multiples of 8, shuffling and sharding."""
+
+import numpy as np
+import pytest
+
+from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
+from nmt_cli.errors import ConfigError
+
+
+def lengths(n, seed=0, low=2, high=120):
+    rng = np.random.default_rng(seed)
+    return rng.integers(low, high, n), rng.integers(low, high, n)
+
+
+@pytest.mark.parametrize("n,max_tokens", [(1, 200), (7, 200), (1000, 4096), (2531, 25000), (333, 150)])
+def test_every_example_exactly_once_and_within_budget(n, max_tokens):
+    src, tgt = lengths(n, seed=n)
+    batches = make_batches(src, tgt, max_tokens)
+    flat = np.concatenate(batches)
+    assert sorted(flat.tolist()) == list(range(n))  # none dropped, none repeated
+    for b in batches:
+        assert len(b) * src[b].max() <= max_tokens
+        assert len(b) * tgt[b].max() <= max_tokens
+
+
+def test_batch_sizes_are_multiples_of_8_where_possible():
+    src, tgt = lengths(5000, seed=1, low=10, high=30)
+    batches = make_batches(src, tgt, 4096)
+    sizes = [len(b) for b in batches]
+    assert all(s % 8 == 0 for s in sizes[:-1])  # only the final remainder may be ragged
+    assert sum(sizes) == 5000
+
+
+def test_the_last_small_remainder_is_kept_not_dropped():
+    # fairseq's known bug drops the remainder when rounding to a multiple of 8; here 13 examples of one length:
+    src = tgt = np.full(13, 10)
+    batches = make_batches(src, tgt, 1000)
+    assert sum(len(b) for b in batches) == 13
+
+
+def test_sorted_by_length_so_padding_is_small():
+    rng = np.random.default_rng(2)
+    src = rng.integers(2, 120, 4000)
+    tgt = np.maximum(1, src + rng.integers(-3, 4, 4000))  # correlated lengths, as in real parallel text
+    batches = make_batches(src, tgt, 4096)
+    eff = padding_efficiency(batches, src, tgt)
+    rng = np.random.default_rng(0)
+    random_batches = np.array_split(rng.permutation(4000), len(batches))
+    assert eff > 0.85 > padding_efficiency(random_batches, src, tgt)
+
+
+def test_padding_efficiency_by_hand():
+    src, tgt = np.array([2, 4]), np.array([3, 3])
+    # one batch: padded (4 + 3) * 2 = 14 tokens, real 2 + 4 + 3 + 3 = 12
+    assert padding_efficiency([np.array([0, 1])], src, tgt) == pytest.approx(12 / 14)
+
+
+def test_max_sentences_caps_batch_size():
+    src = tgt = np.full(100, 3)
+    assert max(len(b) for b in make_batches(src, tgt, 10_000, max_sentences=16)) <= 16
+
+
+def test_too_long_sentence_is_a_clear_error():
+    with pytest.raises(ConfigError, match="max-tokens"):
+        make_batches(np.array([5, 500]), np.array([5, 5]), 100)
+
+
+def test_epoch_shuffle_is_seeded_and_changes_per_epoch():
+    src, tgt = lengths(3000, seed=3)
+    batches = make_batches(src, tgt, 2048)
+    e0 = [b.tolist() for b in epoch_batches(batches, epoch=0, seed=1)]
+    assert e0 == [b.tolist() for b in epoch_batches(batches, epoch=0, seed=1)]
+    assert e0 != [b.tolist() for b in epoch_batches(batches, epoch=1, seed=1)]
+    assert e0 != [b.tolist() for b in epoch_batches(batches, epoch=0, seed=2)]
+    assert sorted(map(tuple, e0)) == sorted(tuple(b.tolist()) for b in batches)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 8])
+def test_shards_are_disjoint_equal_length_and_complete(world_size):
+    src, tgt = lengths(1001, seed=4)
+    batches = make_batches(src, tgt, 1024)
+    shards = [epoch_batches(batches, epoch=5, seed=0, rank=r, world_size=world_size) for r in range(world_size)]
+    assert len({len(s) for s in shards}) == 1
+    seen = np.concatenate([np.concatenate(s) for s in shards])
+    assert sorted(seen.tolist()) == list(range(1001))
+    for s in shards:
+        for b in s:
+            assert len(b) * max(src[b].max(), tgt[b].max()) <= 1024
+
+
+def test_too_few_examples_for_the_ranks_is_a_clear_error():
+    batches = make_batches(np.array([3]), np.array([3]), 100)
+    with pytest.raises(ConfigError, match="processes"):
+        epoch_batches(batches, 0, 0, rank=0, world_size=2)
