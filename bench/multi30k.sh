@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Real-data quality benchmark (issue 7): Multi30k en->de on this machine under a fixed wall-time budget.
+#   prepare (8000 joint BPE) -> train a small model for exactly $MINUTES minutes -> average the last $AVG
+#   checkpoints -> translate valid and test (beam 4, length penalty 0.6) -> sacreBLEU with signature.
+# Usage: bash bench/multi30k.sh   (env: SHARED, OUT, MINUTES, PRECISION, WARMUP, LR, MAX_TOKENS, AVG, SAVE_MIN)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NMT=${NMT:-.venv/bin/nmt}
+SHARED=${SHARED:-../shared/data}
+DATA=$SHARED/multi30k
+OUT=${OUT:-runs/multi30k}
+MINUTES=${MINUTES:-20}
+PRECISION=${PRECISION:-bf16}
+WARMUP=${WARMUP:-4000}
+LR=${LR:-0.001}
+MAX_TOKENS=${MAX_TOKENS:-4096}
+AVG=${AVG:-5}
+SAVE_MIN=${SAVE_MIN:-1}
+[ -f "$DATA/train.en" ] || { echo "error: $DATA/train.en not found; set SHARED=path/to/shared/data" >&2; exit 1; }
+mkdir -p "$OUT"
+
+echo "== prepare"
+$NMT prepare custom --src-lang en --tgt-lang de --train "$DATA/train" --valid "$DATA/valid" --test "$DATA/test" \
+  --vocab-size 8000 -o "$OUT/data"
+
+echo "== train: d_model 256, d_ff 1024, 4 heads, 3+3 layers, dropout 0.1, ls 0.1, warmup $WARMUP, peak lr $LR,"
+echo "   $MAX_TOKENS tokens/update, $PRECISION, $MINUTES minutes, checkpoint every $SAVE_MIN min, average last $AVG"
+rm -rf "$OUT/run"
+$NMT train "$OUT/data" -o "$OUT/run" --preset base --d-model 256 --d-ff 1024 --heads 4 --layers 3 --dropout 0.1 \
+  --label-smoothing 0.1 --warmup "$WARMUP" --lr "$LR" --max-tokens "$MAX_TOKENS" --update-freq 1 \
+  --max-time "$MINUTES" --precision "$PRECISION" --save-every-minutes "$SAVE_MIN" --keep-last "$AVG" \
+  --average-last "$AVG" --valid-every 200 --no-resume
+
+for split in valid test; do
+  for model in checkpoint_last averaged; do
+    $NMT translate -m "$OUT/run/$model.pt" --beam 4 --lenpen 0.6 < "$OUT/data/raw/$split.en" > "$OUT/$split.$model.de"
+    echo "== $split, $model.pt"
+    $NMT score "$OUT/$split.$model.de" -r "$OUT/data/raw/$split.de"
+  done
+done
+python3 - "$OUT/run/metrics.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+train = [r for r in rows if r.get("kind") == "train"]
+end = [r for r in rows if r.get("kind") == "end"][-1]
+tps = sum(r["tgt_tokens_per_s"] for r in train[1:]) / max(1, len(train) - 1) if len(train) > 1 else float("nan")
+print(f"== training: {end['step']} updates in {end['elapsed'] / 60:.1f} min, ~{tps:.0f} target tokens/s "
+      f"(mean of logged intervals after the first), stopped by {end['stopped_by']}")
+PY
