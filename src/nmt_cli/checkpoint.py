@@ -124,7 +124,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> C
             f"{path}: refused to load: the file contains objects other than tensors and plain data "
             f"(loading it could run code); only nmt checkpoints are accepted ({str(exc).splitlines()[0][:120]})"
         ) from exc
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError, IndexError, KeyError) as exc:
         raise CheckpointError(
             f"{path}: not a readable checkpoint (truncated or corrupt: {str(exc).splitlines()[0][:120]}); "
             "use an earlier checkpoint or re-copy the file"

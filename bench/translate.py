@@ -1,0 +1,350 @@
+"""Benchmark `nmt translate`: speed (sentences/s, target tokens/s), peak memory, CTranslate2 on the same weights.
+
+    python bench/translate.py                       # everything (the base section on all 3003 lines is slow)
+    python bench/translate.py --small-checkpoint runs/multi30k/checkpoint_best.pt   # a trained small model
+    python bench/translate.py --ct2-site /tmp/ct2venv/lib/python3.11/site-packages  # where ctranslate2 lives
+    python bench/translate.py --sections small --repeat 3
+
+Sections:
+  small   d_model 256, 3+3 layers, 8k BPE vocabulary (Multi30k), on Multi30k test (1000 lines), beam 4:
+          nmt fp32 / bf16 and CTranslate2 fp32 / int8 on the same weights, alternated in one run; agreement of the
+          two engines' outputs (same weights, same search settings) checks the beam search itself.
+  base    the paper's base model (random weights, 32k BPE vocabulary) on newstest2014 en (3003 lines), beam 4.
+  stream  peak memory and time to the first output line of `nmt translate` on a generated N-line input.
+
+Random weights never choose EOS on purpose, so with them every output runs to a FIXED length (said in the
+printout): nmt gets max-len-a 0, max-len-b L+1 (L tokens + EOS), CTranslate2 max_decoding_length L.
+Each measurement runs in its own process (clean peak memory); CTranslate2 needs `pip install ctranslate2` (a
+separate venv is fine: pass its site-packages with --ct2-site). Artifacts go to runs/bench_translate/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+WORK = ROOT / "runs" / "bench_translate"
+MULTI30K = DATA / "multi30k"
+NEWSTEST = DATA / "wmt14_newstest_ende"
+
+# Quoted from the issue (measured on this machine type for a trained small Multi30k model, 2 threads, beam 4);
+# not re-measured here (fairseq is not installed).
+QUOTED = "fairseq-generate ~80 sent/s, CTranslate2 fp32 ~100-120, CTranslate2 int8 ~165 (trained small model)"
+
+
+def read_lines(path: Path, n: int | None = None) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[:n] if n else lines
+
+
+def peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# ------------------------------------------------------------------------------------------------ artifacts
+
+
+def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **config) -> Path:
+    """A BPE model on `corpus` and a random Transformer, saved as an nmt checkpoint (cached)."""
+    if path.exists():
+        return path
+    import torch
+
+    from nmt_cli import checkpoint
+    from nmt_cli.config import ModelConfig
+    from nmt_cli.data.tokenizer import Tokenizer, train_bpe
+    from nmt_cli.model import Transformer
+
+    sentences = [line for p in corpus for line in read_lines(p)]
+    tokenizer = train_bpe(sentences, vocab_size, seed_sentences=200_000)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=Tokenizer(tokenizer).vocab_size, dropout=0.0, **config))
+    meta = {"note": "random weights (bench/translate.py)"}
+    checkpoint.save(checkpoint.Checkpoint(model.config, model.state_dict(), tokenizer, {"src": "en", "tgt": "de"},
+                                          meta=meta), path)
+    return path
+
+
+def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
+    """An nmt checkpoint as a CTranslate2 model through its Python spec API (post-LN, shared embeddings)."""
+    if (out_dir / "model.bin").exists():
+        return out_dir
+    import torch
+    from ctranslate2.specs import transformer_spec
+
+    from nmt_cli import checkpoint
+
+    ck = checkpoint.load(ckpt_path)
+    c = ck.model_config
+    model = ck.build_model("cpu")
+    spec = transformer_spec.TransformerSpec.from_config((c.encoder_layers, c.decoder_layers), c.n_heads,
+                                                        pre_norm=c.norm_first)
+
+    def linear(spec_, weight, bias=None):
+        spec_.weight = weight.detach().float().numpy()
+        if bias is not None:
+            spec_.bias = bias.detach().float().numpy()
+
+    def norm(spec_, module):
+        spec_.gamma, spec_.beta = module.weight.detach().numpy(), module.bias.detach().numpy()
+
+    def attention(spec_, module, fused_qkv: bool):
+        if fused_qkv:
+            linear(spec_.linear[0], module.qkv_proj.weight, module.qkv_proj.bias)
+        else:
+            linear(spec_.linear[0], module.q_proj.weight, module.q_proj.bias)
+            linear(spec_.linear[1], module.kv_proj.weight, module.kv_proj.bias)
+        linear(spec_.linear[-1], module.out_proj.weight, module.out_proj.bias)
+
+    def ffn(spec_, layer, layer_norm):
+        linear(spec_.linear_0, layer.ffn.fc1.weight, layer.ffn.fc1.bias)
+        linear(spec_.linear_1, layer.ffn.fc2.weight, layer.ffn.fc2.bias)
+        norm(spec_.layer_norm, layer_norm)
+
+    with torch.no_grad():
+        for side in (spec.encoder, spec.decoder):
+            emb = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
+            emb.weight = model.embed.weight.detach().numpy()
+            side.scale_embeddings = True
+            side.position_encodings.encodings = model.positions.numpy()
+        linear(spec.decoder.projection, model.embed.weight)
+        for ls, layer in zip(spec.encoder.layer, model.encoder_layers, strict=True):
+            attention(ls.self_attention, layer.self_attn, True)
+            norm(ls.self_attention.layer_norm, layer.sub1.norm)
+            ffn(ls.ffn, layer, layer.sub2.norm)
+        for ls, layer in zip(spec.decoder.layer, model.decoder_layers, strict=True):
+            attention(ls.self_attention, layer.self_attn, True)
+            norm(ls.self_attention.layer_norm, layer.sub1.norm)
+            attention(ls.attention, layer.cross_attn, False)
+            norm(ls.attention.layer_norm, layer.sub2.norm)
+            ffn(ls.ffn, layer, layer.sub3.norm)
+    sp = ck.tokenizer_obj().sp
+    vocab = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    vocab[0] = "<blank>"  # CTranslate2's padding token
+    spec.register_source_vocabulary(vocab)
+    spec.register_target_vocabulary(vocab)
+    spec.config.decoder_start_token = "<s>"
+    spec.config.add_source_eos = False  # sources are passed with </s>, as nmt encodes them
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec.validate()
+    spec.optimize(quantization=None)
+    spec.save(str(out_dir))
+    return out_dir
+
+
+# ------------------------------------------------------------------------------------------------ jobs (subprocess)
+
+
+def job_nmt(a: dict) -> dict:
+    import torch
+
+    from nmt_cli.search import SearchConfig
+    from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
+
+    torch.set_num_threads(a["threads"])
+    lines = read_lines(Path(a["input"]), a.get("n"))
+    search = SearchConfig(beam=a["beam"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"])
+    config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines))
+    tr = Translator(load_checkpoints([a["checkpoint"]]), "cpu", a["precision"], config)
+    tr.translate(lines[:32])  # warm-up
+    tr.src_tokens = tr.tgt_tokens = 0
+    start = time.perf_counter()
+    out = tr.translate(lines)
+    seconds = time.perf_counter() - start
+    Path(a["output"]).write_text("".join(hyps[0][1] + "\n" for hyps in out), encoding="utf-8")
+    return {"seconds": seconds, "sentences": len(lines), "tgt_tokens": tr.tgt_tokens, "peak_mb": peak_mb()}
+
+
+def job_ct2(a: dict) -> dict:
+    if a.get("ct2_site"):
+        sys.path.append(a["ct2_site"])
+    import ctranslate2
+
+    from nmt_cli import checkpoint
+
+    sp = checkpoint.load(a["checkpoint"]).tokenizer_obj().sp
+    model_dir = convert_to_ct2(Path(a["checkpoint"]), Path(a["ct2_dir"]))
+    lines = read_lines(Path(a["input"]), a.get("n"))
+    src = [sp.encode(line, out_type=str) + ["</s>"] if line.strip() else ["</s>"] for line in lines]
+    tr = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=a["compute_type"],
+                                intra_threads=a["threads"], inter_threads=1)
+    kwargs = dict(beam_size=a["beam"], length_penalty=0.6, max_decoding_length=a["max_decoding_length"],
+                  max_batch_size=a["max_tokens"], batch_type="tokens")
+    tr.translate_batch(src[:32], **kwargs)
+    start = time.perf_counter()
+    results = tr.translate_batch(src, **kwargs)
+    seconds = time.perf_counter() - start
+    hyps = [r.hypotheses[0] for r in results]
+    Path(a["output"]).write_text("".join(sp.decode_pieces(h) + "\n" for h in hyps), encoding="utf-8")
+    return {"seconds": seconds, "sentences": len(lines), "tgt_tokens": sum(len(h) + 1 for h in hyps),
+            "peak_mb": peak_mb()}
+
+
+def job_stream(a: dict) -> dict:
+    """Pipe a generated N-line input through the `nmt translate` CLI; peak memory, time to the first line."""
+    import random
+
+    rng = random.Random(0)
+    words = read_lines(MULTI30K / "test.en")
+    cmd = [sys.executable, "-m", "nmt_cli.cli", "translate", "-m", a["checkpoint"], "--beam", "1",
+           "--max-len-a", "0", "--max-len-b", str(a["max_len_b"]), "--threads", str(a["threads"])]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def feed():
+        for _ in range(a["n"]):
+            proc.stdin.write((rng.choice(words) + "\n").encode())
+        proc.stdin.close()
+
+    import threading
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    first = proc.stdout.readline()
+    first_s = time.perf_counter() - start
+    count = 1 if first else 0
+    for _ in proc.stdout:
+        count += 1
+    proc.wait()
+    writer.join()
+    child_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return {"seconds": time.perf_counter() - start, "sentences": count, "first_line_s": first_s,
+            "peak_mb": child_peak, "rc": proc.returncode}
+
+
+JOBS = {"nmt": job_nmt, "ct2": job_ct2, "stream": job_stream}
+
+
+def run_job(kind: str, **args) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--job", json.dumps({"kind": kind, **args})],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def row(label: str, r: dict) -> str:
+    if "error" in r:
+        return f"  {label:<34} error: {r['error']}"
+    sps, tps = r["sentences"] / r["seconds"], r["tgt_tokens"] / r["seconds"]
+    return f"  {label:<34} {sps:8.1f} sent/s {tps:9.0f} tgt tok/s  peak {r['peak_mb']:7.0f} MB  ({r['seconds']:.1f} s)"
+
+
+def best(runs: list[dict]) -> dict:
+    ok = [r for r in runs if "error" not in r]
+    return min(ok, key=lambda r: r["seconds"]) if ok else runs[-1]
+
+
+def agreement(a: Path, b: Path) -> float:
+    x, y = read_lines(a), read_lines(b)
+    return sum(p == q for p, q in zip(x, y, strict=True)) / max(len(x), 1)
+
+
+def bleu(hyp: Path, ref: Path) -> float:
+    import sacrebleu
+
+    return sacrebleu.corpus_bleu(read_lines(hyp), [read_lines(ref)]).score
+
+
+def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: bool, fixed_len: int) -> None:
+    """nmt fp32/bf16 and CTranslate2 fp32/int8 on the same weights, alternated, best of --repeat."""
+    common = dict(checkpoint=str(ckpt), input=str(src), n=args.lines.get(name), threads=args.threads, beam=4,
+                  max_tokens=args.max_tokens)
+    if trained:
+        lengths = dict(max_len_a=1.0, max_len_b=50)
+        ct2_len = 256
+        print(f"{name}: trained model {ckpt}; max output length = source + 50 (nmt), 256 (CTranslate2)")
+    else:
+        lengths = dict(max_len_a=0.0, max_len_b=fixed_len + 1)
+        ct2_len = fixed_len
+        print(f"{name}: RANDOM weights, FIXED output length {fixed_len} tokens (+EOS for nmt)")
+    configs = [("nmt", "fp32"), ("nmt", "bf16"), ("ct2", "float32"), ("ct2", "int8")]
+    if args.no_ct2:
+        configs = configs[:2]
+    results: dict[tuple[str, str], list[dict]] = {c: [] for c in configs}
+    outputs = {c: WORK / f"{name}.{c[0]}.{c[1]}.out" for c in configs}
+    for _ in range(args.repeat):
+        for engine, prec in configs:
+            if engine == "nmt":
+                r = run_job("nmt", precision=prec, output=str(outputs[engine, prec]), **common, **lengths)
+            else:
+                r = run_job("ct2", compute_type=prec, output=str(outputs[engine, prec]), ct2_site=args.ct2_site,
+                            ct2_dir=str(WORK / f"ct2_{name}"), max_decoding_length=ct2_len, **common)
+            results[engine, prec].append(r)
+    for (engine, prec), runs in results.items():
+        label = f"{'nmt' if engine == 'nmt' else 'CTranslate2'} {prec}"
+        print(row(label, best(runs)))
+    have = {c for c, runs in results.items() if any("error" not in r for r in runs)}
+    pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32"), ("nmt", "bf16"))]
+    for p, q in pairs:
+        if p in have and q in have:
+            print(f"  identical lines {p[0]} {p[1]} vs {q[0]} {q[1]}: {100 * agreement(outputs[p], outputs[q]):.1f}%")
+    if trained and ref is not None and not args.lines.get(name):
+        for c in sorted(have):
+            print(f"  BLEU {c[0]} {c[1]}: {bleu(outputs[c], ref):.2f}")
+    print()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job", help=argparse.SUPPRESS)
+    p.add_argument("--sections", default="small,base,stream")
+    p.add_argument("--small-checkpoint", type=Path, help="A trained small Multi30k model (default: random weights).")
+    p.add_argument("--base-checkpoint", type=Path, help="A trained base model (default: random weights).")
+    p.add_argument("--ct2-site", default=os.environ.get("NMT_BENCH_CT2_SITE"),
+                   help="site-packages holding ctranslate2 if it is not importable here.")
+    p.add_argument("--no-ct2", action="store_true")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=6000)
+    p.add_argument("--repeat", type=int, default=2, help="Runs per configuration (alternated); the best is shown.")
+    p.add_argument("--base-lines", type=int, default=None, help="First N lines of newstest2014 (default: all 3003).")
+    p.add_argument("--stream-lines", type=int, default=1_000_000)
+    args = p.parse_args()
+    if args.job:
+        spec = json.loads(args.job)
+        print(json.dumps(JOBS[spec.pop("kind")](spec)))
+        return
+    if not DATA.exists():
+        sys.exit(f"{DATA} is missing: the benchmark reads ../shared/data (see its README)")
+    WORK.mkdir(parents=True, exist_ok=True)
+    args.lines = {"base": args.base_lines}
+    sections = args.sections.split(",")
+    print(f"nmt translate benchmark: {args.threads} threads, beam 4, alpha 0.6 (GNMT form); {os.cpu_count()} CPUs")
+    print(f"reference figures quoted from the issue, not measured here: {QUOTED}\n")
+    if "small" in sections:
+        ckpt = args.small_checkpoint or make_random_checkpoint(
+            WORK / "small_random.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
+            d_model=256, d_ff=1024, n_heads=4, encoder_layers=3, decoder_layers=3)
+        compare("small", ckpt, MULTI30K / "test.en", MULTI30K / "test.de", args, args.small_checkpoint is not None, 20)
+    if "base" in sections:
+        corpus = [DATA / "europarl_v7_ende_20k" / f"train.{lang}" for lang in ("en", "de")]
+        corpus = [c for c in corpus if c.exists()] or [NEWSTEST / "valid.en", NEWSTEST / "valid.de"]
+        ckpt = args.base_checkpoint or make_random_checkpoint(WORK / "base_random.pt", corpus, 32000)
+        compare("base", ckpt, NEWSTEST / "test.en", NEWSTEST / "test.de", args, args.base_checkpoint is not None, 32)
+    if "stream" in sections:
+        tiny = make_random_checkpoint(WORK / "stream_tiny.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
+                                      d_model=64, d_ff=128, n_heads=2, encoder_layers=1, decoder_layers=1)
+        print("stream: `nmt translate` CLI (tiny random model, greedy, 2 output tokens) on generated input")
+        for n in sorted({10_000, args.stream_lines}):
+            r = run_job("stream", checkpoint=str(tiny), n=n, threads=args.threads, max_len_b=2)
+            if "error" in r:
+                print(f"  {n:>9} lines: error: {r['error']}")
+                continue
+            print(f"  {n:>9} lines: peak memory {r['peak_mb']:6.0f} MB, first output line after {r['first_line_s']:.2f} s, "
+                  f"{r['sentences']} lines out in {r['seconds']:.0f} s (rc {r['rc']})")
+
+
+if __name__ == "__main__":
+    main()

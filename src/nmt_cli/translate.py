@@ -1,0 +1,300 @@
+"""Streaming translation: raw lines in -> chunks -> length-sorted token batches -> search -> raw lines out.
+
+Input is read in chunks of `buffer_size` lines; each chunk is tokenized, sorted by length, cut into batches of at
+most `max_tokens` padded source tokens, translated, put back into input order, written and flushed. Memory is
+bounded by one chunk whatever the input size, and output appears chunk by chunk.
+
+No input line can stop the stream or shift the output: an empty line gives an empty line, invalid UTF-8 is
+replaced (U+FFFD) with a warning, an over-long line is truncated to the model's limit with a warning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from nmt_cli import checkpoint as ckpt_io
+from nmt_cli.config import EOS_ID, PAD_ID
+from nmt_cli.data.tokenizer import Tokenizer
+from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
+from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, search
+
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class TranslateConfig:
+    """How to batch and what to write. `search` holds the beam settings."""
+
+    search: SearchConfig = field(default_factory=SearchConfig)
+    buffer_size: int = 2000  # input lines per chunk (output is flushed after each chunk)
+    max_tokens: int = 6000  # padded source tokens per batch (the decoder runs beam x this many rows at most)
+    max_sentences: int = 512  # sentences per batch
+    nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
+    scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
+
+    def validate(self) -> TranslateConfig:
+        for name in ("buffer_size", "max_tokens", "max_sentences"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        self.search = dataclasses.replace(self.search, nbest=self.nbest).validate()
+        return self
+
+
+@dataclass
+class TranslateStats:
+    lines: int = 0
+    src_tokens: int = 0
+    tgt_tokens: int = 0
+    seconds: float = 0.0
+
+
+class Warner:
+    """Reports the first occurrence of each kind of input problem in full, then counts the rest."""
+
+    def __init__(self, emit: Callable[[str], None] | None = None):
+        self.emit = emit or (lambda msg: print(f"warning: {msg}", file=sys.stderr, flush=True))
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, kind: str, message: str) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        if self.counts[kind] == 1:
+            self.emit(message)
+
+    def summary(self) -> None:
+        for kind, n in self.counts.items():
+            if n > 1:
+                self.emit(f"{n - 1} more line(s) {kind}")
+
+
+# ---------------------------------------------------------------------------------------------------- devices
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda when available, else cpu; an unavailable cuda is a DeviceError."""
+    if name not in DEVICES:
+        raise DeviceError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DeviceError("--device cuda was requested but no CUDA GPU is available; use --device cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    if precision not in PRECISIONS:
+        raise DeviceError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp16" and device.type == "cpu":
+        raise DeviceError("fp16 is for GPUs; on CPU use --precision bf16 (fast on CPUs with AMX/AVX512-BF16) or fp32")
+    return PRECISIONS[precision]
+
+
+# ---------------------------------------------------------------------------------------------------- models
+
+
+def _load(path: Path) -> ckpt_io.Checkpoint:
+    """checkpoint.load, with any unexpected failure of torch's unpickler on a corrupt file made one clear line."""
+    try:
+        return ckpt_io.load(path)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # e.g. IndexError from the weights-only unpickler on a non-zip file
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
+                              "use another checkpoint or re-copy the file") from exc
+
+
+def _step_key(path: Path) -> tuple:
+    numbers = re.findall(r"\d+", path.stem)
+    return (int(numbers[-1]) if numbers else -1, path.stat().st_mtime)
+
+
+def last_checkpoints(directory: Path, n: int) -> list[Path]:
+    """The `n` most recent periodic checkpoints in `directory` (by the step/epoch number in their names)."""
+    found = [p for p in directory.glob("*.pt") if not re.search(r"best|last|averag", p.stem)]
+    if len(found) < n:
+        raise CheckpointError(
+            f"{directory}: --average-last {n} needs {n} periodic checkpoints (*.pt other than best/last/averaged), "
+            f"found {len(found)}; lower N or pass a checkpoint file"
+        )
+    return sorted(found, key=_step_key)[-n:]
+
+
+def average_checkpoints(paths: list[Path]) -> ckpt_io.Checkpoint:
+    """Load `paths` and average their weights (floating tensors; others are taken from the last)."""
+    first = _load(paths[-1])
+    if len(paths) == 1:
+        return first
+    total = {k: v.double() if v.is_floating_point() else v for k, v in first.model_state.items()}
+    for path in paths[:-1]:
+        other = _load(path)
+        if other.model_config != first.model_config or other.model_state.keys() != total.keys():
+            raise CheckpointError(f"{path}: its model differs from {paths[-1]}'s; average checkpoints of one run only")
+        for k, v in other.model_state.items():
+            if v.is_floating_point():
+                total[k] += v.double()
+    state = {k: (v / len(paths)).to(first.model_state[k].dtype) if v.is_floating_point() else v
+             for k, v in total.items()}
+    return dataclasses.replace(first, model_state=state, train_state=None)
+
+
+def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None) -> list[ckpt_io.Checkpoint]:
+    """One checkpoint per `-m` value: a file, or with `average_last` a run directory averaged on the fly."""
+    out = []
+    for item in models:
+        path = Path(item)
+        if average_last:
+            if not path.is_dir():
+                raise CheckpointError(f"{path}: --average-last needs a run directory holding checkpoints")
+            out.append(average_checkpoints(last_checkpoints(path, average_last)))
+        elif path.is_dir():
+            raise CheckpointError(f"{path} is a directory; pass a checkpoint file, or add --average-last N")
+        else:
+            out.append(_load(path))
+    if not out:
+        raise CheckpointError("no checkpoint given; pass -m CHECKPOINT")
+    if any(c.tokenizer != out[0].tokenizer for c in out[1:]):
+        raise CheckpointError("the ensembled checkpoints use different tokenizers; ensemble models of one vocabulary")
+    return out
+
+
+class Translator:
+    """A model (or ensemble) with its tokenizer: translates lists of raw lines."""
+
+    def __init__(self, checkpoints: list[ckpt_io.Checkpoint], device: str = "auto", precision: str = "fp32",
+                 config: TranslateConfig | None = None, warn: Warner | None = None):
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(precision, self.device)
+        self.config = (config or TranslateConfig()).validate()
+        self.warn = warn or Warner()
+        self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
+        models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
+        self.model = models[0] if len(models) == 1 else Ensemble(models)
+        self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
+        self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)
+
+    def encode(self, lines: list[str], first_line: int) -> list[list[int]]:
+        """Source ids with EOS appended ([] for an empty line); over-long lines truncated with a warning."""
+        out = []
+        for i, ids in enumerate(self.tokenizer.encode(lines)):
+            if len(ids) > self.max_src_tokens:
+                self.warn("truncated", f"line {first_line + i}: {len(ids)} tokens, truncated to the model's "
+                                       f"limit of {self.max_src_tokens}")
+                ids = ids[: self.max_src_tokens]
+            out.append(ids + [EOS_ID] if ids else [])
+        return out
+
+    def batches(self, sources: list[list[int]]) -> Iterator[list[int]]:
+        """Indices of non-empty sources, longest first, in batches of <= max_tokens padded tokens."""
+        order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: -len(sources[i]))
+        batch: list[int] = []
+        for i in order:
+            width = len(sources[batch[0]]) if batch else len(sources[i])
+            if batch and ((len(batch) + 1) * width > self.config.max_tokens or len(batch) >= self.config.max_sentences):
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    def _tensor(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded ids [B, S] and padding mask [B, S] (True at padding)."""
+        width = max(len(s) for s in seqs)
+        src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+        for row, s in enumerate(seqs):
+            src[row, : len(s)] = torch.tensor(s, dtype=torch.long)
+        return src.to(self.device), (src == PAD_ID).to(self.device)
+
+    @torch.inference_mode()
+    def translate_ids(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """Hypotheses (best first) per source, in input order; an empty source gives one empty hypothesis."""
+        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+        for batch in self.batches(sources):
+            src, mask = self._tensor([sources[i] for i in batch])
+            for i, hyps in zip(batch, search(self.model, src, mask, self.config.search), strict=True):
+                results[i] = hyps
+                self.src_tokens += len(sources[i])
+                self.tgt_tokens += len(hyps[0].tokens) + 1
+        return results
+
+    def translate(self, lines: list[str], first_line: int = 1) -> list[list[tuple[float, str]]]:
+        """Raw lines -> per line, the (score, detokenized text) of its hypotheses, best first."""
+        hyps = self.translate_ids(self.encode(lines, first_line))
+        texts = iter(self.tokenizer.decode([h.tokens for hs in hyps for h in hs]))
+        return [[(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
+
+
+def _one_line(text: str) -> str:
+    """Output text can never hold a line break (it would shift the alignment of later lines)."""
+    return text.replace("\r", " ").replace("\n", " ") if ("\n" in text or "\r" in text) else text
+
+
+# ---------------------------------------------------------------------------------------------------- streaming
+
+
+def read_chunks(stream: BinaryIO, size: int, warn: Warner, first_line: int = 1) -> Iterator[list[str]]:
+    """Lines of a binary stream (line ending removed, invalid UTF-8 replaced with a warning), `size` at a time."""
+    number = first_line
+    while True:
+        raw = list(islice(stream, size))
+        if not raw:
+            return
+        chunk = []
+        for line in raw:
+            line = line.rstrip(b"\n").rstrip(b"\r")
+            try:
+                chunk.append(line.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                warn("had invalid UTF-8", f"line {number}: invalid UTF-8 ({exc.reason} at byte {exc.start}); "
+                                          "replaced with U+FFFD")
+                chunk.append(line.decode("utf-8", errors="replace"))
+            number += 1
+        yield chunk
+
+
+def format_chunk(results: list[list[tuple[float, str]]], first_line: int, config: TranslateConfig) -> str:
+    """Plain text (optionally `score<TAB>text`) or n-best TSV `line<TAB>rank<TAB>score<TAB>text` (1-based)."""
+    rows = []
+    for i, hyps in enumerate(results):
+        if config.nbest > 1:
+            rows.extend(f"{first_line + i}\t{rank}\t{score:.4f}\t{text}" for rank, (score, text) in enumerate(hyps, 1))
+        elif config.scores:
+            rows.append(f"{hyps[0][0]:.4f}\t{hyps[0][1]}")
+        else:
+            rows.append(hyps[0][1])
+    return "".join(row + "\n" for row in rows)
+
+
+def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO,
+                     on_chunk: Callable[[TranslateStats], None] | None = None) -> TranslateStats:
+    """Translate every line of `source` into `sink` (UTF-8), chunk by chunk, flushing after each chunk."""
+    stats, start = TranslateStats(), time.perf_counter()
+    config = translator.config
+    for chunk in read_chunks(source, config.buffer_size, translator.warn, stats.lines + 1):
+        results = translator.translate(chunk, stats.lines + 1)
+        sink.write(format_chunk(results, stats.lines + 1, config).encode("utf-8"))
+        sink.flush()
+        stats.lines += len(chunk)
+        stats.src_tokens, stats.tgt_tokens = translator.src_tokens, translator.tgt_tokens
+        stats.seconds = time.perf_counter() - start
+        if on_chunk is not None:
+            on_chunk(stats)
+    translator.warn.summary()
+    return stats
+
+
+def set_threads(threads: int | None) -> None:
+    """torch intra-op threads (None keeps torch's default: one per core)."""
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {threads}")
+        torch.set_num_threads(threads)

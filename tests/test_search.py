@@ -1,0 +1,247 @@
+"""Greedy and beam search: scripted decoders with known answers, and invariances on a real tiny Transformer."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, preset
+from nmt_cli.errors import ConfigError
+from nmt_cli.model import Transformer
+from nmt_cli.search import (
+    Ensemble,
+    SearchConfig,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_output_lengths,
+    search,
+)
+
+A, B, C = 4, 5, 6  # scripted token ids (0-3 are pad, unk, bos, eos)
+V = 8
+
+
+class ScriptedCache:
+    """Per-row (source id, generated prefix); reorder follows beams like the real DecoderCache."""
+
+    def __init__(self, src_ids: list[int]):
+        self.rows = [(s, ()) for s in src_ids]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.rows = [self.rows[i] for i in index.tolist()]
+
+
+class ScriptedModel:
+    """A decoder whose next-token probabilities are given by hand: script[(source id, prefix)] = {token: p}.
+
+    Unscripted prefixes end the sentence (EOS with probability 1). Works with and without the cache.
+    """
+
+    def __init__(self, script: dict[tuple[int, tuple[int, ...]], dict[int, float]]):
+        self.script = script
+        self.calls = 0  # decoder rows computed, to check finished sentences leave the batch
+
+    def encode(self, src, src_pad_mask=None):
+        return src[:, :1].float().unsqueeze(-1)  # [B, 1, 1]: the first source id identifies the sentence
+
+    def init_cache(self, memory, src_pad_mask=None):
+        return ScriptedCache([int(x) for x in memory[:, 0, 0]])
+
+    def _logits(self, src_id: int, prefix: tuple[int, ...]) -> torch.Tensor:
+        probs = torch.zeros(V)
+        for tok, p in self.script.get((src_id, prefix), {EOS_ID: 1.0}).items():
+            probs[tok] = p
+        return probs.log()
+
+    def decode(self, tgt, memory=None, src_pad_mask=None, cache=None):
+        self.calls += tgt.size(0)
+        if cache is not None:
+            cache.rows = [(s, p + (int(t),)) for (s, p), t in zip(cache.rows, tgt[:, -1], strict=True)]
+            keys = cache.rows
+        else:
+            keys = [(int(memory[r, 0, 0]), tuple(tgt[r].tolist())) for r in range(tgt.size(0))]
+        out = [self._logits(s, tuple(p[1:])) for s, p in keys]  # drop BOS
+        return torch.stack(out).unsqueeze(1)  # [R, 1, V]
+
+
+def _src(*ids: int) -> tuple[torch.Tensor, torch.Tensor]:
+    src = torch.tensor([[i, EOS_ID] for i in ids])
+    return src, src == PAD_ID
+
+
+# Greedy takes A (0.6) and then must continue with a flat distribution; the best sequence is B EOS (0.4 * 0.9).
+GARDEN_PATH = {
+    (10, ()): {A: 0.6, B: 0.4},
+    (10, (A,)): {A: 0.36, B: 0.34, C: 0.3},
+    (10, (B,)): {EOS_ID: 0.9, C: 0.1},
+    (10, (A, A)): {EOS_ID: 1.0},
+    (10, (A, B)): {EOS_ID: 1.0},
+}
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_beam_finds_the_best_sequence_greedy_misses(use_cache):
+    model = ScriptedModel(GARDEN_PATH)
+    src, mask = _src(10)
+    cfg = SearchConfig(beam=2, alpha=0.0, nbest=2, use_cache=use_cache)
+    best, second = beam_search(model, src, mask, cfg)[0]
+    assert best.tokens == [B] and best.log_prob == pytest.approx(math.log(0.4 * 0.9), abs=1e-6)
+    assert second.tokens == [A, A] and second.score == pytest.approx(math.log(0.6 * 0.36), abs=1e-6)
+    greedy = greedy_search(model, src, mask, dataclasses.replace(cfg, beam=1, nbest=1))[0][0]
+    assert greedy.tokens == [A, A] and greedy.log_prob == pytest.approx(math.log(0.6 * 0.36), abs=1e-6)
+
+
+def _short_vs_long(p_short: float) -> dict:
+    """Exactly two finite hypotheses: [A] (len 2 with EOS, prob p) and [B, B, B] (len 4, prob 1 - p)."""
+    return {
+        (20, ()): {A: p_short, B: 1 - p_short},
+        (20, (A,)): {EOS_ID: 1.0},
+        (20, (B,)): {B: 1.0},
+        (20, (B, B)): {B: 1.0},
+        (20, (B, B, B)): {EOS_ID: 1.0},
+    }
+
+
+@pytest.mark.parametrize("form", ["gnmt", "fairseq"])
+def test_length_penalty_changes_the_winner_exactly_at_the_formula_crossover(form):
+    p = 0.55
+    model = ScriptedModel(_short_vs_long(p))
+    short, long = math.log(p), math.log(1 - p)
+    # short / lp(2) = long / lp(4)  <=>  short / long = (lp(2) / lp(4)) with lp = base ** alpha
+    ratio = (7 / 9) if form == "gnmt" else (2 / 4)
+    crossover = math.log(short / long) / math.log(ratio)
+    src, mask = _src(20)
+    for alpha, winner in ((0.0, [A]), (crossover - 0.01, [A]), (crossover + 0.01, [B, B, B]), (3.0, [B, B, B])):
+        hyps = beam_search(model, src, mask, SearchConfig(beam=2, alpha=alpha, lp=form, nbest=2))[0]
+        assert hyps[0].tokens == winner, (alpha, crossover)
+        by_tokens = {tuple(h.tokens): h.score for h in hyps}
+        assert by_tokens[(A,)] == pytest.approx(short / length_penalty(2, alpha, form), abs=1e-6)
+        assert by_tokens[(B, B, B)] == pytest.approx(long / length_penalty(4, alpha, form), abs=1e-6)
+
+
+def test_sentences_finish_independently_and_leave_the_batch():
+    script = {**GARDEN_PATH, **_short_vs_long(0.9)}
+    script.update({(30, ()): {A: 1.0}, **{(30, (A,) * n): {A: 1.0} for n in range(1, 12)}})  # runs to max length
+    model = ScriptedModel(script)
+    src, mask = _src(10, 20, 30)
+    cfg = SearchConfig(beam=2, alpha=0.0, max_len_a=0.0, max_len_b=8)
+    out = beam_search(model, src, mask, cfg)
+    assert [h[0].tokens for h in out] == [[B], [A], [A] * 7]  # max 8 tokens: 7 + forced EOS
+    # Rows computed: sentence 30 runs all 8 steps (2 beams); the others stop within 4 steps.
+    assert model.calls <= 2 * 8 + 2 * 2 * 4
+
+
+def test_length_penalty_formulas():
+    assert length_penalty(7, 0.6, "gnmt") == pytest.approx(2.0**0.6)
+    assert length_penalty(7, 0.6, "fairseq") == pytest.approx(7**0.6)
+    assert length_penalty(10, 0.0) == 1.0
+    with pytest.raises(ConfigError):
+        length_penalty(3, 1.0, "other")
+
+
+def test_max_output_length_is_source_plus_50_capped_by_the_model():
+    src = torch.tensor([[5, 6, 7, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]])
+    lengths = max_output_lengths(src == PAD_ID, src, SearchConfig(), limit=None)
+    assert lengths.tolist() == [54, 52]
+    assert max_output_lengths(src == PAD_ID, src, SearchConfig(), limit=30).tolist() == [30, 30]
+
+
+@pytest.mark.parametrize("bad", [dict(beam=0), dict(nbest=5), dict(lp="x"), dict(alpha=-1.0)])
+def test_bad_search_settings_are_config_errors(bad):
+    with pytest.raises(ConfigError):
+        SearchConfig(**bad).validate()
+
+
+# ---------------------------------------------------------------------------------------------- tiny Transformer
+
+VOCAB = 40
+
+
+def tiny(seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(preset("tiny", vocab_size=VOCAB, d_model=32, d_ff=64, n_heads=4, dropout=0.0)).eval()
+
+
+def mixed_batch(n: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, list[list[int]]]:
+    """n sources of lengths 1..12 (+EOS), right-padded. -> src [n, S], mask [n, S], the unpadded sources."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(4, VOCAB, (int(torch.randint(1, 13, (1,), generator=g)),), generator=g).tolist() + [EOS_ID]
+            for _ in range(n)]
+    width = max(map(len, seqs))
+    src = torch.tensor([s + [PAD_ID] * (width - len(s)) for s in seqs])
+    return src, src == PAD_ID, seqs
+
+
+SHORT = dict(max_len_a=1.0, max_len_b=6)
+
+
+def test_beam_1_equals_greedy():
+    model = tiny()
+    src, mask, _ = mixed_batch(9)
+    cfg = SearchConfig(beam=1, **SHORT)
+    beam = beam_search(model, src, mask, cfg)
+    greedy = greedy_search(model, src, mask, cfg)
+    assert [h[0].tokens for h in beam] == [h[0].tokens for h in greedy]
+    for b, g in zip(beam, greedy, strict=True):
+        assert b[0].score == pytest.approx(g[0].score, abs=1e-5)
+    assert search(model, src, mask, cfg) == greedy
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cache_equals_no_cache(beam):
+    model = tiny(seed=2)
+    src, mask, _ = mixed_batch(6, seed=3)
+    cfg = SearchConfig(beam=beam, nbest=beam, **SHORT)
+    cached = search(model, src, mask, cfg)
+    full = search(model, src, mask, dataclasses.replace(cfg, use_cache=False))
+    for c, f in zip(cached, full, strict=True):
+        assert [h.tokens for h in c] == [h.tokens for h in f]
+        assert [h.score for h in c] == pytest.approx([h.score for h in f], abs=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_sentence_alone_equals_sentence_in_a_large_mixed_batch(beam):
+    model = tiny(seed=4)
+    src, mask, seqs = mixed_batch(40, seed=5)
+    cfg = SearchConfig(beam=beam, nbest=min(beam, 2), **SHORT)
+    batched = search(model, src, mask, cfg)
+    for i in range(0, 40, 7):
+        alone_src = torch.tensor([seqs[i]])
+        alone = search(model, alone_src, alone_src == PAD_ID, cfg)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-4)
+
+
+def test_outputs_respect_max_length_and_never_hold_specials():
+    model = tiny(seed=6)
+    src, mask, seqs = mixed_batch(12, seed=7)
+    cfg = SearchConfig(beam=3, nbest=3, max_len_a=0.5, max_len_b=3)
+    for hyps, s in zip(beam_search(model, src, mask, cfg), seqs, strict=True):
+        assert len(hyps) == 3 and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for h in hyps:
+            assert len(h.tokens) + 1 <= int(0.5 * len(s)) + 3
+            assert not {PAD_ID, BOS_ID, EOS_ID} & set(h.tokens)
+
+
+def test_ensemble_of_one_model_twice_equals_the_model():
+    model = tiny(seed=8)
+    src, mask, _ = mixed_batch(5, seed=9)
+    cfg = SearchConfig(beam=4, **SHORT)
+    single = beam_search(model, src, mask, cfg)
+    double = beam_search(Ensemble([model, model]), src, mask, cfg)
+    assert [h[0].tokens for h in single] == [h[0].tokens for h in double]
+    assert [h[0].score for h in single] == pytest.approx([h[0].score for h in double], abs=1e-4)
+
+
+def test_ensemble_averages_log_probabilities():
+    m1, m2 = tiny(seed=10), tiny(seed=11)
+    src, mask, _ = mixed_batch(2, seed=12)
+    tgt = torch.full((2, 1), BOS_ID)
+    ens = Ensemble([m1, m2])
+    got = ens.decode(tgt, ens.encode(src, mask), mask)
+    want = [torch.log_softmax(m.decode(tgt, m.encode(src, mask), mask), -1) for m in (m1, m2)]
+    torch.testing.assert_close(got, (want[0] + want[1]) / 2)

@@ -1,0 +1,199 @@
+"""`nmt translate`: streaming, order, bad input, checkpoints (missing, corrupt, averaged, ensembled), the CLI."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import toy_pairs
+from helpers_translate import make_checkpoint
+from nmt_cli import checkpoint
+from nmt_cli.errors import CheckpointError, DeviceError
+from nmt_cli.search import SearchConfig
+from nmt_cli.translate import (
+    TranslateConfig,
+    Translator,
+    Warner,
+    average_checkpoints,
+    last_checkpoints,
+    load_checkpoints,
+    read_chunks,
+    translate_stream,
+)
+
+FAST = SearchConfig(beam=4, max_len_a=1.0, max_len_b=4)
+
+
+@pytest.fixture(scope="module")
+def ckpt_path(tmp_path_factory, toy_tokenizer_bytes) -> Path:
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "model.pt", toy_tokenizer_bytes, seed=0)
+
+
+@pytest.fixture()
+def messages() -> list[str]:
+    return []
+
+
+def translator(path: Path, messages: list[str] | None = None, **config) -> Translator:
+    cfg = TranslateConfig(search=config.pop("search", FAST), **config)
+    return Translator(load_checkpoints([path]), "cpu", "fp32", cfg, Warner(None if messages is None else messages.append))
+
+
+def lines(n: int, seed: int = 7) -> list[str]:
+    return [p[0] for p in toy_pairs(n, seed)]
+
+
+def run_stream(tr: Translator, text: bytes) -> list[str]:
+    sink = io.BytesIO()
+    translate_stream(tr, io.BytesIO(text), sink)
+    return sink.getvalue().decode("utf-8").split("\n")[:-1]
+
+
+def test_output_order_equals_input_order_whatever_the_chunking(ckpt_path):
+    inputs = lines(30)
+    alone = [translator(ckpt_path).translate([line])[0][0][1] for line in inputs]
+    text = "\n".join(inputs).encode() + b"\n"
+    for buffer_size, max_tokens in ((1000, 6000), (7, 6000), (1000, 20)):
+        out = run_stream(translator(ckpt_path, buffer_size=buffer_size, max_tokens=max_tokens), text)
+        assert out == alone, (buffer_size, max_tokens)
+
+
+def test_output_is_flushed_chunk_by_chunk_before_the_input_ends(ckpt_path):
+    inputs = [f"{s}\n".encode() for s in lines(10)]
+    consumed = []
+
+    def source():
+        for i, line in enumerate(inputs):
+            consumed.append(i)
+            yield line
+
+    class Sink(io.BytesIO):
+        flushed_after: list[int] = []
+
+        def flush(self):
+            self.flushed_after.append(len(consumed))
+
+    sink = Sink()
+    stats = translate_stream(translator(ckpt_path, buffer_size=3), source(), sink)
+    assert stats.lines == 10 and sink.getvalue().count(b"\n") == 10
+    assert sink.flushed_after[:2] == [3, 6]  # the first lines were written when 3 of 10 lines were read
+
+
+def test_empty_lines_give_empty_lines_and_keep_alignment(ckpt_path):
+    inputs = ["the cat", "", "   ", "a dog sees the house", ""]
+    out = run_stream(translator(ckpt_path), ("\n".join(inputs) + "\n").encode())
+    assert len(out) == 5
+    assert out[1] == out[2] == out[4] == ""
+    assert out[0] and out[3]
+    assert out[3] == translator(ckpt_path).translate(["a dog sees the house"])[0][0][1]
+
+
+def test_invalid_utf8_is_replaced_with_one_warning_and_a_summary(ckpt_path, messages):
+    text = b"the cat\nthe \xff dog\n\xc3\x28 red\nold man\n"
+    out = run_stream(translator(ckpt_path, messages), text)
+    assert len(out) == 4
+    assert len(messages) == 2 and "line 2" in messages[0] and "UTF-8" in messages[0] and "1 more" in messages[1]
+    assert out[0] == translator(ckpt_path).translate(["the cat"])[0][0][1]
+
+
+def test_read_chunks_strips_crlf_and_handles_a_missing_final_newline():
+    chunks = list(read_chunks(io.BytesIO(b"a\r\nb\n\nc"), 2, Warner(lambda m: None)))
+    assert chunks == [["a", "b"], ["", "c"]]
+
+
+def test_overlong_line_is_truncated_with_a_warning(ckpt_path, messages):
+    long_line = " ".join(["the big red dog"] * 40)  # far more than max_positions (64) tokens
+    out = run_stream(translator(ckpt_path, messages), f"the cat\n{long_line}\nold man\n".encode())
+    assert len(out) == 3 and out[1]
+    assert len(messages) == 1 and "line 2" in messages[0] and "truncated" in messages[0]
+
+
+def test_nbest_tsv_and_scores(ckpt_path):
+    tr = translator(ckpt_path, nbest=3)
+    rows = [r.split("\t") for r in run_stream(tr, b"the cat\n\nold man\n")]
+    assert [(r[0], r[1]) for r in rows] == [("1", "1"), ("1", "2"), ("1", "3"), ("2", "1"), ("3", "1"), ("3", "2"),
+                                            ("3", "3")]
+    scores = [float(r[2]) for r in rows if r[0] == "1"]
+    assert scores == sorted(scores, reverse=True) and rows[3][3] == ""
+    best = run_stream(translator(ckpt_path, scores=True), b"the cat\n")[0].split("\t")
+    assert float(best[0]) == pytest.approx(scores[0], abs=1e-4) and best[1] == rows[0][3]
+
+
+def test_average_last_n_averages_weights(tmp_path, toy_tokenizer_bytes):
+    run = tmp_path / "run"
+    for step in (100, 200, 300):
+        make_checkpoint(run / f"checkpoint_{step}.pt", toy_tokenizer_bytes, seed=step)
+    make_checkpoint(run / "checkpoint_best.pt", toy_tokenizer_bytes, seed=9)
+    picked = last_checkpoints(run, 2)
+    assert [p.name for p in picked] == ["checkpoint_200.pt", "checkpoint_300.pt"]
+    avg = average_checkpoints(picked)
+    a, b = (checkpoint.load(p).model_state for p in picked)
+    for key in ("embed.weight", "decoder_layers.0.ffn.fc1.weight"):
+        torch.testing.assert_close(avg.model_state[key], (a[key] + b[key]) / 2)
+    with pytest.raises(CheckpointError, match="needs 5"):
+        last_checkpoints(run, 5)
+    with pytest.raises(CheckpointError, match="average-last"):
+        load_checkpoints([run])
+
+
+def test_ensemble_of_two_checkpoints_translates(tmp_path, toy_tokenizer_bytes, ckpt_path):
+    other = make_checkpoint(tmp_path / "other.pt", toy_tokenizer_bytes, seed=5)
+    cfg = TranslateConfig(search=FAST)
+    tr = Translator(load_checkpoints([ckpt_path, other]), "cpu", "fp32", cfg)
+    assert len(tr.translate(["the cat", "", "a dog"])) == 3
+
+
+def test_bf16_and_device_errors(ckpt_path):
+    tr = Translator(load_checkpoints([ckpt_path]), "cpu", "bf16", TranslateConfig(search=FAST))
+    assert len(tr.translate(["the cat", "old man"])) == 2
+    with pytest.raises(DeviceError, match="fp16"):
+        Translator(load_checkpoints([ckpt_path]), "cpu", "fp16")
+    if not torch.cuda.is_available():
+        with pytest.raises(DeviceError, match="cuda"):
+            Translator(load_checkpoints([ckpt_path]), "cuda", "fp32")
+
+
+# ---------------------------------------------------------------------------------------------------- the CLI
+
+
+def nmt(*args, input: bytes | None = None):
+    return subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", *args], capture_output=True,
+                          input=input, timeout=120)
+
+
+def test_cli_stdin_to_stdout_one_line_per_input_line(ckpt_path):
+    text = b"the cat\n\nold \xff man\nthe dog sleeps\n"
+    r = nmt("-m", str(ckpt_path), "--max-len-b", "3", input=text)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().count("\n") == 4 and r.stdout.decode().split("\n")[1] == ""
+    assert b"warning" in r.stderr and b"UTF-8" in r.stderr
+
+
+def test_cli_file_argument_and_output_file(ckpt_path, tmp_path):
+    (tmp_path / "in.en").write_text("the cat\na dog\n")
+    out = tmp_path / "out.de"
+    r = nmt(str(tmp_path / "in.en"), "-o", str(out), "-m", str(ckpt_path), "--beam", "1", "--max-len-b", "3")
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().count("\n") == 2 and r.stdout == b""
+
+
+@pytest.mark.parametrize("content", [None, b"", b"this is not a checkpoint", b"PK\x03\x04 truncated zip"])
+def test_cli_missing_or_corrupt_checkpoint_is_one_line_exit_1(tmp_path, content):
+    path = tmp_path / "model.pt"
+    if content is not None:
+        path.write_bytes(content)
+    r = nmt("-m", str(path), input=b"the cat\n")
+    assert r.returncode == 1
+    err = [ln for ln in r.stderr.decode().splitlines() if ln.strip()]
+    assert len(err) == 1 and "model.pt" in err[0] and b"Traceback" not in r.stderr
+    assert r.stdout == b""
+
+
+def test_cli_nbest_larger_than_beam_is_a_usage_error(ckpt_path):
+    r = nmt("-m", str(ckpt_path), "--beam", "2", "--nbest", "3", input=b"x\n")
+    assert r.returncode == 2
