@@ -307,7 +307,7 @@ def main() -> None:
                    help="site-packages holding ctranslate2 if it is not importable here.")
     p.add_argument("--no-ct2", action="store_true")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=6000)
+    p.add_argument("--max-tokens", type=int, default=2000, help="Batch size of both engines (nmt's CPU default).")
     p.add_argument("--repeat", type=int, default=2, help="Runs per configuration (alternated); the best is shown.")
     p.add_argument("--base-lines", type=int, default=None, help="First N lines of newstest2014 (default: all 3003).")
     p.add_argument("--stream-lines", type=int, default=1_000_000)

@@ -85,6 +85,58 @@ def test_incremental_decoding_after_reorder_equals_full_forward():
     torch.testing.assert_close(step[:, 0], full[:, 3], atol=1e-5, rtol=1e-5)
 
 
+def _steps(model, cache, tgt):
+    """Decode tgt [R, T] one position at a time with `cache` -> logits [R, T, V]."""
+    return torch.cat([model.decode(tgt[:, i : i + 1], cache=cache) for i in range(tgt.size(1))], dim=1)
+
+
+def test_cache_grows_past_its_initial_capacity():
+    model = tiny_model()
+    src, tgt = batch(b=2, t=40)  # the self-attention buffer starts with 16 positions and doubles
+    mask = torch.zeros_like(src, dtype=torch.bool)
+    cache = model.init_cache(model.encode(src, mask), mask)
+    torch.testing.assert_close(_steps(model, cache, tgt), model(src, tgt, mask), atol=1e-5, rtol=1e-5)
+    assert cache.layers[0].kv.size(3) >= 40 and cache.layers[0].self_k.shape[2] == 40
+
+
+def test_beams_share_encoder_keys_and_equal_full_forward():
+    """repeat_beams keeps one cross-attention k/v per sentence (beams folded into the queries), with the same
+    results as giving every row its own copy; beam moves, dropped sentences and mixing reorders stay exact."""
+    model = tiny_model()
+    src, tgt = batch(b=3, t=6)
+    src[1, 4:] = 0
+    mask = src.eq(0)
+    k = 2
+    cache = model.init_cache(model.encode(src, mask), mask)
+    cache.repeat_beams(k)
+    assert cache.beams == k and cache.layers[0].cross_k.size(0) == 3 and cache.src_pad_mask.size(0) == 3
+    rows = torch.arange(3).repeat_interleave(k)  # [0, 0, 1, 1, 2, 2]
+    tgt_rows = tgt[rows].clone()
+    tgt_rows[1::2, 1:] = torch.randint(4, V, (3, 5), generator=torch.Generator().manual_seed(5))  # beams differ
+    out = _steps(model, cache, tgt_rows[:, :3])
+    torch.testing.assert_close(out, model(src[rows], tgt_rows[:, :3], mask[rows]), atol=1e-5, rtol=1e-5)
+
+    beams_only = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentences
+    cache.reorder_beams(beams_only)
+    hist = tgt_rows[beams_only]
+    step = model.decode(hist[:, 3:4], cache=cache)
+    torch.testing.assert_close(step[:, 0], model(src[rows], hist[:, :4], mask[rows])[:, 3], atol=1e-5, rtol=1e-5)
+
+    drop = torch.tensor([4, 5, 0, 1])  # sentence 1 leaves, sentences 2 and 0 swap: still folded
+    cache.reorder(drop)
+    assert cache.beams == k and cache.layers[0].cross_k.size(0) == 2
+    hist, srows = hist[drop], rows[drop]
+    step = model.decode(hist[:, 4:5], cache=cache)
+    torch.testing.assert_close(step[:, 0], model(src[srows], hist[:, :5], mask[srows])[:, 4], atol=1e-5, rtol=1e-5)
+
+    mixed = torch.tensor([0, 2, 3])  # rows of different sentences in one group: one cross k/v copy per row
+    cache.reorder(mixed)
+    assert cache.beams == 1 and cache.layers[0].cross_k.size(0) == 3
+    hist, srows = hist[mixed], srows[mixed]
+    step = model.decode(hist[:, 5:6], cache=cache)
+    torch.testing.assert_close(step[:, 0], model(src[srows], hist[:, :6], mask[srows])[:, 5], atol=1e-5, rtol=1e-5)
+
+
 def test_positional_encoding_equals_formula():
     d, pe = 16, sinusoidal_positions(50, 16)
     for pos in (0, 1, 7, 49):

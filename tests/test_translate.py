@@ -13,9 +13,10 @@ import torch
 from conftest import toy_pairs
 from helpers_translate import make_checkpoint
 from nmt_cli import checkpoint
-from nmt_cli.errors import CheckpointError, DeviceError
+from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import (
+    DEFAULT_MAX_TOKENS,
     TranslateConfig,
     Translator,
     Warner,
@@ -197,3 +198,12 @@ def test_cli_missing_or_corrupt_checkpoint_is_one_line_exit_1(tmp_path, content)
 def test_cli_nbest_larger_than_beam_is_a_usage_error(ckpt_path):
     r = nmt("-m", str(ckpt_path), "--beam", "2", "--nbest", "3", input=b"x\n")
     assert r.returncode == 2
+
+
+def test_max_tokens_defaults_by_device_and_is_validated(ckpt_path):
+    cfg = TranslateConfig(search=FAST)
+    tr = Translator(load_checkpoints([ckpt_path]), "cpu", "fp32", cfg)
+    assert tr.config.max_tokens == DEFAULT_MAX_TOKENS["cpu"] and cfg.max_tokens is None  # caller's config untouched
+    assert translator(ckpt_path, max_tokens=123).config.max_tokens == 123
+    with pytest.raises(ConfigError, match="max-tokens"):
+        TranslateConfig(max_tokens=0).validate()

@@ -32,34 +32,134 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     return pe.float()
 
 
-@dataclass
 class LayerCache:
-    """Keys/values of one decoder layer. Self-attention grows along dim 2; cross-attention is fixed."""
+    """Keys/values of one decoder layer for incremental decoding.
 
-    self_k: Tensor | None  # [B, H, t, K] (None before the first step)
-    self_v: Tensor | None  # [B, H, t, K]
-    cross_k: Tensor  # [B, H, S, K]
-    cross_v: Tensor  # [B, H, S, K]
+    Self-attention: a preallocated buffer `kv` [2, R, H, capacity, K] (keys, values) of which positions
+    [0, length) are filled; each step writes its new positions in place (no O(T^2) concatenation), and a reorder
+    gathers the filled part into a second buffer of the same size (double buffering: no allocation per step).
+    Encoder-decoder: `cross_k`/`cross_v` [N, H, S, K] are stored once per sentence and shared by its `beams`
+    consecutive rows (R = N x beams, sentence-major); cross-attention folds the beams into the query dimension.
+    """
+
+    def __init__(self, cross_k: Tensor, cross_v: Tensor, beams: int = 1):
+        self.cross_k, self.cross_v = cross_k, cross_v  # [N, H, S, K]
+        self.beams = beams
+        self.kv: Tensor | None = None  # [2, R, H, capacity, K], a view of one of `_buffers`
+        self.length = 0
+        self._buffers: list[Tensor] = []  # the two backing buffers [2, R_max, H, capacity, K]
+
+    @property
+    def self_k(self) -> Tensor | None:  # [R, H, length, K]
+        return None if self.kv is None else self.kv[0, :, :, : self.length]
+
+    @property
+    def self_v(self) -> Tensor | None:  # [R, H, length, K]
+        return None if self.kv is None else self.kv[1, :, :, : self.length]
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new keys/values k, v [R, H, T, K] after the cached ones -> all keys, values [R, H, length, K]."""
+        end = self.length + k.size(2)
+        if self.kv is None or end > self.kv.size(3):  # first step, or full: (re)allocate with doubled capacity
+            capacity = max(16, end, 2 * (0 if self.kv is None else self.kv.size(3)))
+            self._buffers = [k.new_empty(2, k.size(0), k.size(1), capacity, k.size(3)) for _ in range(2)]
+            if self.kv is not None:
+                self._buffers[0][:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+            self.kv = self._buffers[0]
+        self.kv[0, :, :, self.length : end] = k
+        self.kv[1, :, :, self.length : end] = v
+        self.length = end
+        return self.self_k, self.self_v
+
+    def reorder_self(self, index: Tensor) -> None:
+        """Keep self-attention rows `index` [R'] (gathered into the spare buffer, which becomes the current one)."""
+        if self.kv is None:
+            return
+        spare = 1 if self.kv.data_ptr() == self._buffers[0].data_ptr() else 0
+        rows = index.numel()
+        if rows > self._buffers[spare].size(1):
+            self._buffers[spare] = self.kv.new_empty(2, rows, *self.kv.shape[2:])
+        target = self._buffers[spare][:, :rows]
+        filled, out = self.kv[:, :, :, : self.length], target[:, :, :, : self.length]
+        if filled.requires_grad:  # (autograd does not support out=)
+            out.copy_(filled.index_select(1, index))
+        else:
+            torch.index_select(filled, 1, index, out=out)
+        self.kv = target
 
 
 @dataclass
 class DecoderCache:
-    """Incremental-decoding state for the whole decoder stack."""
+    """Incremental-decoding state for the whole decoder stack.
+
+    `beams` rows per sentence share the encoder-decoder keys/values and `src_pad_mask` ([N, S], one per sentence);
+    the decoder batch has N x beams rows, sentence-major. `repeat_beams(k)` makes each row k rows (beam search).
+    """
 
     layers: list[LayerCache]
-    src_pad_mask: Tensor | None  # [B, S] True at padding, or None when nothing is padded
+    src_pad_mask: Tensor | None  # [N, S] True at padding, or None when nothing is padded
     length: int = 0  # target positions already decoded
+    beams: int = 1  # decoder rows per sentence
+
+    def repeat_beams(self, k: int) -> None:
+        """Each row becomes k consecutive rows (same sentence): only the self-attention cache is copied."""
+        if k == 1:
+            return
+        rows = self._rows()
+        index = None if rows is None else torch.arange(rows, device=self.layers[0].cross_k.device)
+        for layer in self.layers:
+            if layer.kv is not None:
+                layer.reorder_self(index.repeat_interleave(k))
+            layer.beams *= k
+        self.beams *= k
+
+    def _rows(self) -> int | None:
+        kv = self.layers[0].kv if self.layers else None
+        return None if kv is None else kv.size(1)
+
+    def reorder_beams(self, index: Tensor) -> None:
+        """Like `reorder` when every new row keeps the sentence of its old row (only beams move)."""
+        for layer in self.layers:
+            layer.reorder_self(index)
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` ([B'] long, may repeat or drop rows): follows beams, removes finished sentences."""
+        """Keep rows `index` ([R'] long, may repeat or drop rows): follows beams, removes finished sentences."""
+        sentences = self._sentences(index)
+        if sentences is None:  # rows of one sentence no longer come in groups: one cross k/v copy per row
+            self._unfold()
+            sentences = index
         for layer in self.layers:
-            if layer.self_k is not None:
-                layer.self_k = layer.self_k.index_select(0, index)
-                layer.self_v = layer.self_v.index_select(0, index)
-            layer.cross_k = layer.cross_k.index_select(0, index)
-            layer.cross_v = layer.cross_v.index_select(0, index)
+            layer.reorder_self(index)
+            if not (sentences.numel() == layer.cross_k.size(0) and _is_arange(sentences)):
+                layer.cross_k = layer.cross_k.index_select(0, sentences)
+                layer.cross_v = layer.cross_v.index_select(0, sentences)
         if self.src_pad_mask is not None:
-            self.src_pad_mask = self.src_pad_mask.index_select(0, index)
+            self.src_pad_mask = self.src_pad_mask.index_select(0, sentences)
+
+    def _sentences(self, index: Tensor) -> Tensor | None:
+        """The sentence of each group of `beams` new rows [R' / beams], or None when the groups mix sentences."""
+        if self.beams == 1:
+            return index
+        if index.numel() % self.beams:
+            return None
+        groups = torch.div(index, self.beams, rounding_mode="floor").view(-1, self.beams)
+        return groups[:, 0] if bool((groups == groups[:, :1]).all()) else None
+
+    def _unfold(self) -> None:
+        """Give every row its own copy of the encoder-decoder keys/values (beams = 1)."""
+        for layer in self.layers:
+            layer.cross_k = layer.cross_k.repeat_interleave(self.beams, 0)
+            layer.cross_v = layer.cross_v.repeat_interleave(self.beams, 0)
+            layer.beams = 1
+        if self.src_pad_mask is not None:
+            self.src_pad_mask = self.src_pad_mask.repeat_interleave(self.beams, 0)
+        self.beams = 1
+
+
+def _is_arange(index: Tensor) -> bool:
+    """index == [0, 1, ..., n-1] (the reorder keeps every sentence in place)."""
+    n = index.numel()
+    return n == 0 or (int(index[-1]) == n - 1 and bool((index[1:] > index[:-1]).all()))
 
 
 def _attn_mask(pad_mask: Tensor | None) -> Tensor | None:
@@ -106,27 +206,32 @@ class MultiHeadAttention(nn.Module):
         if self.self_attention:
             q, k, v = (self._split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))  # [B, H, T, K] each
             if cache is not None:
-                if cache.self_k is not None:
-                    k = torch.cat([cache.self_k, k], dim=2)
-                    v = torch.cat([cache.self_v, v], dim=2)
-                cache.self_k, cache.self_v = k, v
+                k, v = cache.append(k, v)
                 # New queries are the latest positions: they may see every cached key, and among the new
                 # ones only earlier positions (a causal mask aligned to the bottom-right).
                 if q.size(2) > 1:
                     t_new, t_all = q.size(2), k.size(2)
                     mask = torch.ones(t_new, t_all, dtype=torch.bool, device=x.device).tril(t_all - t_new)
                 is_causal = False
+        elif cache is not None:
+            return self._cross_cached(x, mask, cache)
         else:
             q = self._split(self.q_proj(x))
-            if cache is not None:
-                k, v = cache.cross_k, cache.cross_v
-            else:
-                k, v = self.project_kv(memory)
+            k, v = self.project_kv(memory)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0, is_causal=is_causal
         )  # [B, H, T, K]
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
+
+    def _cross_cached(self, x: Tensor, mask: Tensor | None, cache: LayerCache) -> Tensor:
+        """Encoder-decoder attention of rows x [N*beams, T, D] against per-sentence keys/values [N, H, S, K]:
+        the beams of a sentence are folded into its query dimension ([N, H, beams*T, K])."""
+        rows, t, d = x.shape
+        n = cache.cross_k.size(0)
+        q = self.q_proj(x).view(n, rows // n * t, self.h, self.d_k).transpose(1, 2)  # [N, H, beams*T, K]
+        out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)  # mask [N, 1, 1, S]
+        return self.out_proj(out.transpose(1, 2).reshape(rows, t, d))
 
 
 class FeedForward(nn.Module):
@@ -240,7 +345,7 @@ class Transformer(nn.Module):
         layers = []
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.project_kv(memory)
-            layers.append(LayerCache(None, None, k, v))
+            layers.append(LayerCache(k, v))
         return DecoderCache(layers, src_pad_mask, 0)
 
     def decode(

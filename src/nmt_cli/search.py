@@ -26,7 +26,6 @@ from torch import Tensor
 
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.errors import ConfigError
-from nmt_cli.model import DecoderCache
 
 LENGTH_PENALTIES = ("gnmt", "fairseq")
 
@@ -118,27 +117,22 @@ class _Stepper:
     def reorder(self, rows: Tensor, same_sentences: bool = False) -> None:
         """Keep rows `rows` [R'] (follow beams, drop finished sentences).
 
-        `same_sentences`: every row keeps its sentence (only beams move), so the encoder-decoder keys/values,
-        identical across the beams of a sentence, need no copy: only the self-attention cache is reordered.
+        `same_sentences`: every row keeps its sentence (only beams move), so a cache with `reorder_beams` (the
+        Transformer's DecoderCache) leaves the encoder-decoder keys/values, shared by a sentence's beams, alone.
         """
         if self.cache is None:
             self.memory, self.src_pad_mask = _index(self.memory, rows), _index(self.src_pad_mask, rows)
-        elif not (same_sentences and _reorder_beams(self.cache, rows)):
+        elif same_sentences and hasattr(self.cache, "reorder_beams"):
+            self.cache.reorder_beams(rows)
+        else:
             self.cache.reorder(rows)
 
-
-def _reorder_beams(cache, rows: Tensor) -> bool:
-    """Reorder only the self-attention keys/values of a DecoderCache (or of an ensemble's caches); False when
-    the cache is of another kind (then the caller does a full `reorder`)."""
-    caches = cache.caches if isinstance(cache, EnsembleCache) else [cache]
-    if not all(isinstance(c, DecoderCache) for c in caches):
-        return False
-    for c in caches:
-        for layer in c.layers:
-            if layer.self_k is not None:
-                layer.self_k = layer.self_k.index_select(0, rows)
-                layer.self_v = layer.self_v.index_select(0, rows)
-    return True
+    def repeat_beams(self, batch: int, k: int, device) -> None:
+        """Each sentence becomes k consecutive rows (beam search start)."""
+        if self.cache is not None and hasattr(self.cache, "repeat_beams"):
+            self.cache.repeat_beams(k)
+        else:
+            self.reorder(torch.arange(batch, device=device).repeat_interleave(k))
 
 
 def _mask_special(lprobs: Tensor, force_eos: Tensor | None) -> None:
@@ -214,9 +208,10 @@ class _BeamState:
 
 
 def _candidates(state: _BeamState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] -> scores, beams, tokens, each [N, 2K]."""
+    """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] (overwritten) -> scores, beams, tokens,
+    each [N, 2K]."""
     vocab = lprobs.size(1)
-    total = (state.scores.view(-1, 1) + lprobs).view(state.n, -1)  # [N, K*V]
+    total = lprobs.add_(state.scores.view(-1, 1)).view(state.n, -1)  # [N, K*V] (in place: no allocation)
     top_scores, top_idx = total.topk(min(2 * state.beam, total.size(1)), dim=1)
     return top_scores, torch.div(top_idx, vocab, rounding_mode="floor"), top_idx % vocab
 
@@ -266,7 +261,7 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
     memory, max_len, longest = _start(model, src, src_pad_mask, cfg)
     batch, k = src.size(0), cfg.beam
     stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
-    stepper.reorder(torch.arange(batch, device=src.device).repeat_interleave(k))  # K copies of each sentence
+    stepper.repeat_beams(batch, k, src.device)  # K rows per sentence
     state = _BeamState(batch, k, longest, max_len, src.device)
     for t in range(longest):
         lprobs = stepper.log_probs(state.tokens[:, : t + 1])  # [N*K, V]
@@ -316,3 +311,13 @@ class EnsembleCache:
     def reorder(self, index: Tensor) -> None:
         for c in self.caches:
             c.reorder(index)
+
+    def reorder_beams(self, index: Tensor) -> None:
+        """Only beams move within their sentences (see DecoderCache.reorder_beams)."""
+        for c in self.caches:
+            c.reorder_beams(index) if hasattr(c, "reorder_beams") else c.reorder(index)
+
+    def repeat_beams(self, k: int) -> None:
+        """Each row becomes k consecutive rows (members' caches must have `repeat_beams`, as DecoderCache)."""
+        for c in self.caches:
+            c.repeat_beams(k)

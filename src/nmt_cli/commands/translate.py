@@ -71,7 +71,9 @@ def register(app: typer.Typer) -> None:
         ),
         scores: bool = typer.Option(False, "--scores", help="Prefix each line with the best score and a TAB."),
         buffer_size: int = typer.Option(2000, "--buffer-size", min=1, help="Input lines read (and flushed) per chunk."),
-        max_tokens: int = typer.Option(6000, "--max-tokens", min=1, help="Padded source tokens per batch."),
+        max_tokens: int | None = typer.Option(
+            None, "--max-tokens", min=1, help="Padded source tokens per batch (default: 2000 on CPU, 6000 on GPU)."
+        ),
         device: Device = typer.Option(Device.auto, "--device", help="auto picks cuda when available."),
         precision: Precision = typer.Option(
             Precision.fp32, "--precision", help="Model precision; bf16 is fast on CPUs with AMX; fp16 is GPU-only."
