@@ -1,11 +1,46 @@
-"""`nmt average` (placeholder until its issue lands)."""
+"""`nmt average`: average the weights of checkpoints into one normal, self-contained checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
+_HELP = (
+    "Average the weights of several checkpoints of one run (the paper averages the last 5 checkpoints for "
+    "base, the last 20 for big). The result is a normal checkpoint that nmt translate loads."
+)
+_EPILOG = (
+    "Examples:\n\n"
+    "  nmt average --last 5 runs/base -o runs/base/averaged.pt\n\n"
+    "  nmt average runs/base/checkpoint_9000.pt runs/base/checkpoint_10000.pt -o avg.pt"
+)
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("average", help="(not implemented yet)")
-    def _cmd() -> None:
-        from nmt_cli.errors import NmtError
+    @app.command("average", help=_HELP, epilog=_EPILOG)
+    def average(
+        inputs: list[Path] = typer.Argument(..., metavar="CKPT... | RUN_DIR",
+                                            help="Checkpoint files, or one run directory with --last N."),
+        output: Path = typer.Option(..., "-o", "--output", help="The averaged checkpoint to write."),
+        last: int = typer.Option(None, "--last", min=1,
+                                 help="Average the newest N checkpoint_<step>.pt of the run directory given."),
+    ) -> None:
+        from nmt_cli.checkpoint import save
+        from nmt_cli.training.checkpoints import average_checkpoints, last_checkpoints
 
-        raise NmtError("nmt average is not implemented yet")
+        if last is not None:
+            if len(inputs) != 1:
+                raise typer.BadParameter("with --last N pass exactly one run directory", param_hint="RUN_DIR")
+            paths = last_checkpoints(inputs[0], last)
+        else:
+            if any(p.is_dir() for p in inputs):
+                raise typer.BadParameter("a directory needs --last N (e.g. --last 5 RUN_DIR)", param_hint="CKPT")
+            paths = list(inputs)
+        if output.resolve() in {p.resolve() for p in paths}:
+            raise typer.BadParameter(f"{output} is one of the inputs; write the average to another file",
+                                     param_hint="-o")
+        ckpt = average_checkpoints(paths)
+        save(ckpt, output)
+        note = f" (only {len(paths)} of the {last} asked for exist)" if last and len(paths) < last else ""
+        typer.echo(f"averaged {len(paths)} checkpoints{note} -> {output}", err=True)

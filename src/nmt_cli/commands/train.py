@@ -1,11 +1,248 @@
-"""`nmt train` (placeholder until its issue lands)."""
+"""`nmt train`: train the Transformer on a directory written by `nmt prepare`."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from enum import Enum
+from pathlib import Path
 
 import typer
 
+_HELP = (
+    "Train the Transformer on a prepared data directory (the recipe of 'Attention Is All You Need').\n\n"
+    "Adam(0.9, 0.98, 1e-9) with the inverse-square-root schedule (warmup 4000), label smoothing 0.1, ~25000 "
+    "target tokens per update (--max-tokens x --update-freq x processes; --update-freq auto reaches it). "
+    "Checkpoints go to RUN_DIR: checkpoint_last.pt (resume), checkpoint_best.pt (lowest validation loss, or "
+    "best BLEU with --valid-bleu), checkpoint_<step>.pt (the last --keep-last), averaged.pt (--average-last). "
+    "A run resumes automatically when RUN_DIR holds checkpoint_last.pt. Ctrl-C saves a checkpoint and exits."
+)
+_EPILOG = (
+    "Examples:\n\n"
+    "  nmt train data/ende -o runs/base --preset base --average-last 5\n\n"
+    "  nmt train data/ende -o runs/big --preset big --gpus 8 --precision bf16 --average-last 20\n\n"
+    "  nmt train data/sample -o runs/tiny --preset tiny --max-time 5 --precision auto\n\n"
+    "  nmt train data/ende -o runs/b1 --preset base --gpus 1 --update-freq auto   # the 8-GPU batch on 1 GPU\n\n"
+    "  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\\n\n"
+    "      -m nmt_cli.cli train data/ende -o runs/big --preset big"
+)
+
+
+class Preset(str, Enum):
+    tiny = "tiny"
+    base = "base"
+    big = "big"
+
+
+class Precision(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+def _update_freq(value: str) -> str:
+    if value == "auto":
+        return value
+    try:
+        n = int(value)
+    except ValueError:
+        raise typer.BadParameter(f"must be a positive integer or 'auto', not {value!r}") from None
+    if n < 1:
+        raise typer.BadParameter(f"must be at least 1, got {n}")
+    return str(n)
+
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", help="(not implemented yet)")
-    def _cmd() -> None:
-        from nmt_cli.errors import NmtError
+    @app.command("train", help=_HELP, epilog=_EPILOG)
+    def train(
+        data_dir: Path = typer.Argument(..., help="Data directory written by nmt prepare."),
+        output: Path = typer.Option(..., "-o", "--output", help="Run directory for checkpoints and logs."),
+        preset: Preset = typer.Option(Preset.base, "--preset", help="Model size (and recipe defaults)."),
+        # stopping
+        max_steps: int = typer.Option(None, "--max-steps", min=1,
+                                      help="Stop after N updates [tiny 30000, base 100000, big 300000]."),
+        max_epochs: int = typer.Option(None, "--max-epochs", min=1, help="Stop after N epochs."),
+        max_time: float = typer.Option(None, "--max-time", min=0.01, help="Stop after M minutes of training."),
+        patience: int = typer.Option(None, "--patience", min=1,
+                                     help="Stop after N validations without improvement."),
+        # checkpoints
+        save_every: int = typer.Option(None, "--save-every", min=1, help="Save a checkpoint every N updates."),
+        save_every_minutes: float = typer.Option(
+            None, "--save-every-minutes", min=0.01,
+            help="Save every M minutes [10, the paper; max-time/20 when --max-time is shorter than 200]."),
+        keep_last: int = typer.Option(None, "--keep-last", min=1,
+                                      help="Keep the last K checkpoint_<step>.pt [max(5, --average-last)]."),
+        average_last: int = typer.Option(None, "--average-last", min=1,
+                                         help="At the end, write averaged.pt from the last N checkpoints."),
+        resume: bool = typer.Option(None, "--resume/--no-resume",
+                                    help="Resume from RUN_DIR/checkpoint_last.pt [automatic when it exists]."),
+        # validation
+        valid_every: int = typer.Option(None, "--valid-every", min=1,
+                                        help="Validate every N updates [at every checkpoint]."),
+        valid_bleu: bool = typer.Option(False, "--valid-bleu",
+                                        help="Also compute validation BLEU (beam search); best = highest BLEU."),
+        valid_beam: int = typer.Option(4, "--valid-beam", min=1, help="Beam size for --valid-bleu."),
+        # recipe
+        lr: float = typer.Option(None, "--lr", min=0.0, help="Peak learning rate [d_model^-0.5 * warmup^-0.5]."),
+        warmup: int = typer.Option(None, "--warmup", min=1, help="Warmup updates [tiny 400, base/big 4000]."),
+        max_tokens: int = typer.Option(None, "--max-tokens", min=1,
+                                       help="Padded tokens per micro-batch per process [update size / processes; "
+                                            "at most 8192 on CPU (tiny 2048)]."),
+        update_freq: str = typer.Option("auto", "--update-freq", callback=_update_freq,
+                                        help="Micro-batches per update, or 'auto' to reach --update-tokens."),
+        update_tokens: int = typer.Option(None, "--update-tokens", min=1,
+                                          help="Tokens per update for --update-freq auto [25000; tiny 2048]."),
+        clip_norm: float = typer.Option(0.0, "--clip-norm", min=0.0, help="Clip the gradient norm (0: off)."),
+        label_smoothing: float = typer.Option(0.1, "--label-smoothing", min=0.0, max=0.99,
+                                              help="Label smoothing epsilon."),
+        seed: int = typer.Option(1, "--seed", help="Random seed."),
+        # model overrides
+        d_model: int = typer.Option(None, "--d-model", min=1, help="Override the preset's d_model."),
+        d_ff: int = typer.Option(None, "--d-ff", min=1, help="Override the feed-forward width."),
+        heads: int = typer.Option(None, "--heads", min=1, help="Override the number of attention heads."),
+        layers: int = typer.Option(None, "--layers", min=1, help="Encoder and decoder layers."),
+        encoder_layers: int = typer.Option(None, "--encoder-layers", min=1, help="Encoder layers."),
+        decoder_layers: int = typer.Option(None, "--decoder-layers", min=1, help="Decoder layers."),
+        dropout: float = typer.Option(None, "--dropout", min=0.0, max=0.99, help="Override P_drop."),
+        attention_dropout: float = typer.Option(None, "--attention-dropout", min=0.0, max=0.99,
+                                                help="Dropout on attention weights [0]."),
+        # machine
+        gpus: int = typer.Option(None, "--gpus", min=0,
+                                 help="GPUs (one process each, NCCL) [1 if CUDA is available, else CPU]."),
+        cpu_procs: int = typer.Option(1, "--cpu-procs", min=1, help="Processes on CPU over gloo (tests, CI)."),
+        precision: Precision = typer.Option(Precision.auto, "--precision",
+                                            help="auto: bf16 where fast (GPU, CPU with AMX), else fp32/fp16."),
+        compile: bool = typer.Option(False, "--compile", help="Use torch.compile."),
+        threads: int = typer.Option(None, "--threads", min=1, help="Torch threads per process [cores/processes]."),
+        log_every: int = typer.Option(100, "--log-every", min=1, help="Updates between log lines."),
+    ) -> None:
+        from nmt_cli.training.config import TrainConfig
+        from nmt_cli.training.loop import train as run_training
 
-        raise NmtError("nmt train is not implemented yet")
+        model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
+                 "attention_dropout": attention_dropout,
+                 "encoder_layers": encoder_layers or layers, "decoder_layers": decoder_layers or layers}
+        cfg = TrainConfig(
+            data_dir=str(data_dir), out_dir=str(output), preset=preset.value,
+            model={k: v for k, v in model.items() if v is not None},
+            lr=lr or None, warmup=warmup, label_smoothing=label_smoothing, clip_norm=clip_norm,
+            max_tokens=max_tokens, update_freq=update_freq, update_tokens=update_tokens,
+            max_steps=max_steps, max_epochs=max_epochs, max_time=max_time, patience=patience,
+            save_every=save_every, save_every_minutes=save_every_minutes, keep_last=keep_last,
+            average_last=average_last, resume=resume, valid_every=valid_every, valid_bleu=valid_bleu,
+            valid_beam=valid_beam, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
+            compile=compile, seed=seed, log_every=log_every,
+        )
+        display = Display(live=sys.stderr.isatty(), log_every=log_every)
+        try:
+            result = run_training(cfg, progress=display)
+        finally:
+            display.close()
+        if result.ranks_agree is False:
+            display.line("warning: the processes ended with different weights (a bug); please report it")
+        if result.signum is not None:
+            name = signal.Signals(result.signum).name
+            display.line(f"stopped by {name} at update {result.step}; saved {result.last}; "
+                         "run the same command to resume")
+            raise typer.Exit(128 + result.signum)
+
+
+def _fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def _fmt_valid(e: dict) -> str:
+    text = f"valid loss {e['valid_loss']:.3f} ppl {e['valid_ppl']:.2f}"
+    if e.get("valid_bleu") is not None:
+        text += f" BLEU {e['valid_bleu']:.2f}"
+    return text + (" (best)" if e.get("improved") else "")
+
+
+class Display:
+    """Renders training events: a rich live panel on a terminal, plain lines (every --log-every updates or 30 s)
+    otherwise. Everything goes to stderr."""
+
+    def __init__(self, live: bool, log_every: int):
+        from rich.console import Console
+
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self.log_every, self.live, self._live = log_every, live, None
+        self._last_plain = time.monotonic()
+        self._last_render = 0.0
+        self._max_steps = None
+
+    def line(self, text: str) -> None:
+        self.console.print(text, markup=False) if self._live is None else self._live.console.print(text, markup=False)
+
+    def __call__(self, e: dict) -> None:
+        kind = e["kind"]
+        if kind == "start":
+            self._start(e)
+        elif kind == "train":
+            self._train(e)
+        elif kind == "valid":
+            self.line(f"update {e['step']} epoch {e['epoch']}: {_fmt_valid(e)}")
+        elif kind == "save" and e.get("periodic"):
+            self.line(f"update {e['step']}: saved checkpoint_{e['step']}.pt and checkpoint_last.pt")
+        elif kind == "overflow":
+            self.line(f"update {e['step']}: fp16 gradient overflow, update skipped ({e['overflows']} so far)")
+        elif kind == "averaged":
+            self.line(f"averaged the last {e['n']} checkpoints -> {e['path']}")
+        elif kind == "end":
+            self.close()
+            best = f", best validation {e['best_valid']:.4g}" if e.get("best_valid") is not None else ""
+            self.line(f"done: {e['step']} updates in {_fmt_time(e['elapsed'])} (stopped by {e['stopped_by']})"
+                      f"{best}; checkpoints in {e['out_dir']}")
+
+    def _start(self, e: dict) -> None:
+        self._max_steps = e["max_steps"]
+        where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
+        if e["resumed_at"] is not None:
+            self.line(f"resuming {e['out_dir']} at update {e['resumed_at']}")
+        self.line(f"training {e['preset']} ({e['params'] / 1e6:.1f}M parameters) on {where}, {e['precision']}")
+        self.line(f"batch: --max-tokens {e['max_tokens']} x --update-freq {e['update_freq']} x {e['world_size']} "
+                  f"process(es) = at most {e['max_tokens_per_update']} padded tokens, ~{e['tgt_tokens_per_update']:.0f} "
+                  f"target tokens per update ({e['batches_per_epoch']} batches/epoch, "
+                  f"{100 * e['padding_efficiency']:.0f}% non-pad)")
+        stops = [f"{e['max_steps']} updates"]
+        if e["max_time"]:
+            stops.append(f"{e['max_time']:g} minutes")
+        if e["max_epochs"]:
+            stops.append(f"{e['max_epochs']} epochs")
+        self.line(f"lr peak {e['peak_lr']:.3g} at update {e['warmup']}; stop at {' or '.join(stops)}; "
+                  f"checkpoint every {e['save_minutes']:g} min")
+        if self.live:
+            from rich.live import Live
+
+            self._live = Live(console=self.console, refresh_per_second=4, transient=True)
+            self._live.start()
+
+    def _status(self, e: dict) -> str:
+        return (f"update {e['step']}/{e['max_steps']}  epoch {e['epoch']}  loss {e['loss']:.3f}  ppl {e['ppl']:.2f}  "
+                f"lr {e['lr']:.2e}  {e['tgt_tokens_per_s']:.0f} tgt tok/s  elapsed {_fmt_time(e['elapsed'])}  "
+                f"ETA {_fmt_time(e['eta'])}")
+
+    def _train(self, e: dict) -> None:
+        now = time.monotonic()
+        if self._live is not None:
+            if now - self._last_render > 0.25:
+                from rich.text import Text
+
+                self._live.update(Text(self._status(e)))
+                self._last_render = now
+            if e["step"] % self.log_every == 0:
+                self._live.console.print(self._status(e), markup=False)
+        elif e["step"] % self.log_every == 0 or now - self._last_plain >= 30:
+            self.line(self._status(e))
+            self._last_plain = now
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None

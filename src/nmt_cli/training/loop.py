@@ -1,0 +1,775 @@
+"""The training recipe of "Attention Is All You Need", as `train(cfg)`.
+
+`train()` checks everything first (`plan_run`: data directory, devices, precision, batch sizes, resume
+compatibility) so that bad input fails with one line before any file is written; then it runs one process, or
+starts N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo) and runs rank 0 itself, or joins the processes
+torchrun started. Each process runs `Trainer.fit()`:
+
+    for each update:
+        accumulate update_freq micro-batches (DDP gradient sync only on the last), label-smoothed loss summed
+        one all-reduce of [loss, nll, tokens, stop?, save?] so every rank agrees on what happens next
+        gradients /= total target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
+        validate / save / stop as agreed
+
+Only rank 0 logs and writes files; ranks read disjoint batches (`epoch_batches`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from nmt_cli import __version__
+from nmt_cli.checkpoint import Checkpoint, load, save
+from nmt_cli.config import PAD_ID, ModelConfig, preset
+from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
+from nmt_cli.data.store import SPM_MODEL, Batch, ParallelData, collate, load_manifest
+from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
+from nmt_cli.training.checkpoints import (
+    AVERAGED,
+    BEST,
+    LAST,
+    average_checkpoints,
+    periodic_checkpoints,
+    periodic_name,
+    prune_periodic,
+    rng_state,
+    set_rng_state,
+)
+from nmt_cli.training.config import (
+    BatchPlan,
+    TrainConfig,
+    resolve_batching,
+    resolve_keep_last,
+    resolve_save_minutes,
+)
+from nmt_cli.training.loss import label_smoothed_cross_entropy
+from nmt_cli.training.runtime import (
+    Launch,
+    Runtime,
+    free_port,
+    plan_launch,
+    setup_process,
+    shutdown_process,
+    torchrun_env,
+)
+from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
+
+Progress = Callable[[dict], None]
+CONFIG_JSON, METRICS_JSONL = "config.json", "metrics.jsonl"
+MIN_FP16_SCALE = 2.0**-10
+
+
+# ---- planning: every check before anything is written ---------------------------------------------------------
+
+@dataclass
+class RunPlan:
+    """What `plan_run` decided; picklable, handed to every process."""
+
+    cfg: TrainConfig
+    launch: Launch
+    model_config: ModelConfig
+    batching: BatchPlan
+    warmup: int
+    max_steps: int
+    save_minutes: float
+    keep_last: int
+    langs: dict
+    resume_from: str | None
+    has_valid: bool
+    mean_tgt_tokens: float  # real target tokens per micro-batch, on average
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.cfg.out_dir)
+
+
+def plan_run(cfg: TrainConfig) -> RunPlan:
+    """Validate the request against the data, the machine and the output directory; write nothing."""
+    cfg.validate()
+    data_dir = Path(cfg.data_dir)
+    manifest = load_manifest(data_dir)
+    for key in ("src_lang", "tgt_lang", "vocab_size", "splits"):
+        if key not in manifest:
+            raise DataError(f"{data_dir}/manifest.json has no '{key}' (not written by nmt prepare?); re-run nmt prepare")
+    if "train" not in manifest["splits"]:
+        raise DataError(f"{data_dir} has no train split; re-run nmt prepare")
+    if not (data_dir / SPM_MODEL).is_file():
+        raise DataError(f"{data_dir}/{SPM_MODEL} is missing; re-run nmt prepare for this data directory")
+    launch = plan_launch(cfg.gpus, cfg.cpu_procs, cfg.precision)
+    model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
+    batching = resolve_batching(cfg, launch.world_size, launch.device_type)
+    train = ParallelData(data_dir, "train", manifest)
+    if len(train) == 0:
+        raise DataError(f"{data_dir}: the train split is empty; re-run nmt prepare with more data")
+    longest = int(max(train.src_lengths.max(), train.tgt_lengths.max()))
+    if longest > model_config.max_positions:
+        raise ConfigError(f"{data_dir} has a sentence of {longest} tokens but the model takes at most "
+                          f"{model_config.max_positions}; prepare with a lower --max-len or raise --max-positions")
+    batches = make_batches(train.src_lengths, train.tgt_lengths, batching.max_tokens)
+    if "valid" in manifest["splits"]:
+        ParallelData(data_dir, "valid", manifest)  # present and consistent
+    if len(batches) * 2 < launch.world_size:
+        raise ConfigError(f"the train split makes {len(batches)} batches, too few for {launch.world_size} processes; "
+                          "use fewer processes or a smaller --max-tokens")
+    out_dir = Path(cfg.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"-o {out_dir} is a file; pass a directory for the run")
+    resume_from = _check_resume(cfg, out_dir, model_config, (data_dir / SPM_MODEL).read_bytes())
+    return RunPlan(
+        cfg=cfg, launch=launch, model_config=model_config, batching=batching,
+        warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=cfg.max_steps or cfg.recipe("max_steps"),
+        save_minutes=resolve_save_minutes(cfg), keep_last=resolve_keep_last(cfg),
+        langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
+        has_valid="valid" in manifest["splits"],
+        mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
+    )
+
+
+def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, tokenizer: bytes) -> str | None:
+    last = out_dir / LAST
+    if not last.exists():
+        if cfg.resume:
+            raise CheckpointError(f"--resume: {last} does not exist; drop --resume to start a new run")
+        return None
+    if cfg.resume is False:
+        raise ConfigError(f"{out_dir} already holds a run ({LAST}); resume it (the default) or pick another -o")
+    ckpt = load(last)
+    if ckpt.train_state is None:
+        raise CheckpointError(f"{last} has no training state (an averaged or exported checkpoint?); "
+                              "it cannot be resumed; pick another -o")
+    if ckpt.model_config != model_config:
+        diff = [f"{k} {v} (checkpoint) vs {getattr(model_config, k)}" for k, v in ckpt.model_config.to_dict().items()
+                if getattr(model_config, k) != v]
+        raise CheckpointError(f"{last} was trained with another model ({'; '.join(diff)}); "
+                              "use the same preset/options to resume, or another -o")
+    if ckpt.tokenizer != tokenizer:
+        raise CheckpointError(f"{last} was trained with another tokenizer than {cfg.data_dir}/{SPM_MODEL}; "
+                              "resume with the same data directory, or pick another -o")
+    return str(last)
+
+
+# ---- stop signals ---------------------------------------------------------------------------------------------
+
+class StopSignals:
+    """SIGINT/SIGTERM set a flag checked between updates (a checkpoint is then written); a second one aborts."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+# ---- metrics --------------------------------------------------------------------------------------------------
+
+class MetricsLog:
+    """Rank 0's JSONL log (and TensorBoard events when tensorboard is installed)."""
+
+    def __init__(self, out_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.file = open(out_dir / METRICS_JSONL, "a") if enabled else None
+        self.tb = None
+        if enabled:
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is not None:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+                except Exception:  # a broken tensorboard install must not stop training
+                    self.tb = None
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            kind, step = record.get("kind"), record.get("step", 0)
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k not in ("step", "epoch"):
+                    self.tb.add_scalar(f"{kind}/{k}", v, step)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+@dataclass
+class Window:
+    """Sums over the updates since the last log line."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tgt_tokens: float = 0.0
+    src_tokens: float = 0.0
+    updates: int = 0
+    seconds: float = 0.0
+
+    def add(self, stats: UpdateStats, seconds: float) -> None:
+        self.loss += stats.loss_sum
+        self.nll += stats.nll_sum
+        self.tgt_tokens += stats.tgt_tokens
+        self.src_tokens += stats.src_tokens
+        self.updates += 1
+        self.seconds += seconds
+
+    def summary(self) -> dict:
+        tok = max(self.tgt_tokens, 1.0)
+        return {"loss": self.loss / tok, "nll_loss": self.nll / tok,
+                "ppl": math.exp(min(self.nll / tok, 50.0)),
+                "tgt_tokens_per_s": self.tgt_tokens / max(self.seconds, 1e-9),
+                "src_tokens_per_s": self.src_tokens / max(self.seconds, 1e-9),
+                "tgt_tokens_per_update": self.tgt_tokens / max(self.updates, 1)}
+
+
+@dataclass
+class UpdateStats:
+    """Totals over all ranks for one update, and the flags every rank agreed on."""
+
+    loss_sum: float
+    nll_sum: float
+    tgt_tokens: float
+    src_tokens: float
+    stop: bool
+    save: bool
+    skipped: bool = False  # fp16 overflow: the update was not applied
+    lr: float = 0.0
+
+
+@dataclass
+class TrainResult:
+    out_dir: str
+    step: int
+    epoch: int
+    elapsed: float  # seconds of training (cumulative over resumes)
+    stopped_by: str  # max_steps | max_epochs | max_time | patience | signal
+    last: str
+    best: str | None = None
+    averaged: str | None = None
+    valid: dict | None = None
+    best_valid: float | None = None
+    overflows: int = 0
+    signum: int | None = None
+    history: list = field(default_factory=list)
+    ranks_agree: bool | None = None  # distributed runs: every rank ended with bitwise identical weights
+
+
+# ---- one process ----------------------------------------------------------------------------------------------
+
+class Trainer:
+    """One training process: model, optimizer, data position and the loop."""
+
+    def __init__(self, plan: RunPlan, rt: Runtime, progress: Progress | None = None):
+        self.plan, self.cfg, self.rt = plan, plan.cfg, rt
+        self.progress = progress if rt.is_main else None
+        self.out_dir = plan.out_dir
+        cfg, device = self.cfg, rt.device
+        self.tokenizer = (Path(cfg.data_dir) / SPM_MODEL).read_bytes()
+        manifest = load_manifest(cfg.data_dir)
+        self.train_data = ParallelData(cfg.data_dir, "train", manifest)
+        self.batches = make_batches(self.train_data.src_lengths, self.train_data.tgt_lengths, plan.batching.max_tokens)
+        self.valid_data = ParallelData(cfg.data_dir, "valid", manifest) if plan.has_valid else None
+        self.valid_batches = None
+        if self.valid_data is not None and len(self.valid_data):
+            longest = int(max(self.valid_data.src_lengths.max(), self.valid_data.tgt_lengths.max()))
+            self.valid_batches = make_batches(self.valid_data.src_lengths, self.valid_data.tgt_lengths,
+                                              max(plan.batching.max_tokens, longest))
+        # model: identical initialisation on every rank, then rank-specific dropout streams
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        random.seed(cfg.seed)
+        from nmt_cli.model import Transformer
+
+        self.module = Transformer(plan.model_config).to(device)
+        if rt.rank:
+            torch.manual_seed(cfg.seed + 1000 * rt.rank)
+        self.params = [p for p in self.module.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(self.params, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+                                          **_adam_impl(device))
+        self.scaler = rt.make_scaler()
+        self.step, self.epoch, self.pos = 0, 1, 0
+        self.elapsed, self.best, self.bad_valids, self.overflows = 0.0, None, 0, 0
+        if plan.resume_from:
+            self._restore(load(plan.resume_from))
+        self.model = torch.compile(self.module) if cfg.compile else self.module
+        if rt.distributed:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self.model = DDP(self.model, device_ids=[rt.local_rank] if device.type == "cuda" else None,
+                             gradient_as_bucket_view=True)
+        self._epoch_cache: tuple[int, list] | None = None
+
+    # -- state ----------------------------------------------------------------------------------------------------
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        ts = ckpt.train_state
+        try:
+            self.module.load_state_dict(ckpt.model_state)
+            self.optimizer.load_state_dict(ts["optimizer"])
+            if self.scaler is not None and ts.get("scaler"):
+                self.scaler.load_state_dict(ts["scaler"])
+            self.step, self.epoch, self.pos = int(ts["step"]), int(ts["epoch"]), int(ts["pos"])
+            self.elapsed, self.best = float(ts["elapsed"]), ts.get("best")
+            self.bad_valids, self.overflows = int(ts.get("bad_valids", 0)), int(ts.get("overflows", 0))
+            saved_world = int(ts.get("world_size", 1))
+            rngs = ts.get("rng") or []
+        except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+            raise CheckpointError(f"{self.plan.resume_from}: training state does not fit this run "
+                                  f"({str(exc).splitlines()[0][:150]}); pick another -o") from exc
+        if saved_world != self.rt.world_size:  # same position in the data, measured in examples
+            self.pos = self.pos * saved_world // self.rt.world_size
+            torch.manual_seed(self.cfg.seed + 1000 * self.rt.rank + self.step)
+        elif self.rt.rank < len(rngs):
+            set_rng_state(rngs[self.rt.rank], self.rt.device)
+
+    def _train_state(self, rngs: list) -> dict:
+        return {
+            "step": self.step, "epoch": self.epoch, "pos": self.pos, "elapsed": self.elapsed, "best": self.best,
+            "bad_valids": self.bad_valids, "overflows": self.overflows, "world_size": self.rt.world_size,
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": rngs, "config": _plain(self.cfg.to_dict()),
+        }
+
+    # -- data -----------------------------------------------------------------------------------------------------
+
+    def _epoch_list(self) -> list:
+        if self._epoch_cache is None or self._epoch_cache[0] != self.epoch:
+            rt = self.rt
+            self._epoch_cache = (self.epoch, epoch_batches(self.batches, self.epoch, self.cfg.seed, rt.rank,
+                                                           rt.world_size))
+        return self._epoch_cache[1]
+
+    def _next_micro_batches(self) -> list[Batch] | None:
+        """The next update's micro-batches (fewer at the end of an epoch); None after --max-epochs."""
+        if self.pos >= len(self._epoch_list()):
+            self.epoch, self.pos = self.epoch + 1, 0
+        if self.cfg.max_epochs and self.epoch > self.cfg.max_epochs:
+            return None
+        chosen = self._epoch_list()[self.pos : self.pos + self.plan.batching.update_freq]
+        self.pos += len(chosen)
+        return [collate([self.train_data[int(i)] for i in idx]) for idx in chosen]
+
+    # -- one update -----------------------------------------------------------------------------------------------
+
+    def update(self, micro_batches: list[Batch], stop: bool = False, save_now: bool = False) -> UpdateStats:
+        """Forward/backward every micro-batch, agree on totals and flags, then one optimizer step."""
+        rt, model = self.rt, self.model
+        model.train()
+        local = torch.zeros(6, dtype=torch.float64, device=rt.device)
+        for i, batch in enumerate(micro_batches):
+            batch = batch.to(rt.device, non_blocking=True)
+            sync = i == len(micro_batches) - 1 or not rt.distributed
+            with contextlib.nullcontext() if sync else model.no_sync():
+                with rt.autocast():
+                    logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)  # [B, T, V]
+                loss, nll, _ = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.label_smoothing, PAD_ID)
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            local[0] += loss.detach()
+            local[1] += nll
+            local[2] += batch.n_tgt_tokens
+            local[3] += batch.n_src_tokens
+        local[4], local[5] = float(stop), float(save_now)
+        loss_sum, nll_sum, tgt, src, stop_votes, save_votes = rt.all_reduce_sum(local).tolist()
+        stats = UpdateStats(loss_sum, nll_sum, tgt, src, stop_votes > 0, save_votes > 0)
+        if not math.isfinite(loss_sum) and self.scaler is None:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingError(f"the training loss became {loss_sum} at update {self.step + 1} (epoch {self.epoch}); "
+                                "lower --lr, raise --warmup or set --clip-norm, and resume from the last checkpoint")
+        stats.lr = self._step_optimizer(tgt)
+        if stats.lr < 0:
+            stats.skipped, stats.lr = True, 0.0
+        return stats
+
+    def _step_optimizer(self, tgt_tokens: float) -> float:
+        """Normalise summed gradients by the update's target tokens, clip, set the lr, step. -1.0 if skipped."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self.params if p.grad is not None]
+        # DDP averaged the per-rank sums over ranks: x world_size / tokens turns that into the mean per token
+        torch._foreach_mul_(grads, self.rt.world_size / max(tgt_tokens, 1.0))
+        if self.cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_norm)
+        lr = inverse_sqrt_lr(self.step + 1, self.plan.model_config.d_model, self.plan.warmup, self.cfg.lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        skipped = False
+        if self.scaler is not None:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale
+            if skipped and self.scaler.get_scale() < MIN_FP16_SCALE:
+                raise TrainingError(f"fp16 loss scale fell below {MIN_FP16_SCALE} at update {self.step + 1}: the loss "
+                                    "keeps overflowing; use --precision bf16/fp32 or lower --lr")
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return -1.0 if skipped else lr
+
+    # -- validation -----------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def validate(self) -> dict | None:
+        """Loss, nll and perplexity on the valid split (sharded over ranks), plus BLEU when asked."""
+        if self.valid_batches is None:
+            return None
+        rt, module = self.rt, self.module
+        module.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=rt.device)
+        for idx in self.valid_batches[rt.rank :: rt.world_size]:
+            batch = collate([self.valid_data[int(i)] for i in idx]).to(rt.device)
+            with rt.autocast():
+                logits = module(batch.src, batch.tgt_in, batch.src_pad_mask)
+            loss, nll, n = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.label_smoothing, PAD_ID)
+            sums += torch.tensor([float(loss), float(nll), n], dtype=torch.float64, device=rt.device)
+        loss, nll, n = rt.all_reduce_sum(sums).tolist()
+        if not math.isfinite(loss):
+            raise TrainingError(f"the validation loss became {loss} at update {self.step}; the model diverged: lower "
+                                "--lr, raise --warmup or set --clip-norm, and resume from an earlier checkpoint")
+        out = {"valid_loss": loss / n, "valid_nll_loss": nll / n,
+               "valid_ppl": math.exp(min(nll / n, 50.0))}
+        if self.cfg.valid_bleu:
+            out["valid_bleu"] = rt.broadcast_float(self._valid_bleu() if rt.is_main else None)
+        module.train()
+        return out
+
+    def _valid_bleu(self) -> float:
+        """Corpus BLEU (sacrebleu) of the beam-search translations of the valid sources, as nmt translate decodes."""
+        import sacrebleu
+
+        from nmt_cli.data.tokenizer import Tokenizer
+        from nmt_cli.search import SearchConfig, beam_search
+
+        tok, data, rt = Tokenizer(self.tokenizer), self.valid_data, self.rt
+        search_cfg = SearchConfig(beam=self.cfg.valid_beam)
+        hyps: dict[int, str] = {}
+        for idx in self.valid_batches:
+            batch = collate([data[int(i)] for i in idx]).to(rt.device)
+            with rt.autocast():
+                results = beam_search(self.module, batch.src, batch.src_pad_mask, search_cfg)
+            texts = tok.decode([r[0].tokens if r else [] for r in results])
+            hyps.update(zip((int(i) for i in idx), texts, strict=True))
+        refs = tok.decode([data[i][1].tolist() for i in range(len(data))])
+        return float(sacrebleu.corpus_bleu([hyps[i] for i in range(len(data))], [refs]).score)
+
+    def _improved(self, valid: dict) -> bool:
+        if self.cfg.valid_bleu:
+            value, better = valid["valid_bleu"], (lambda a, b: a > b)
+        else:
+            value, better = valid["valid_nll_loss"], (lambda a, b: a < b)
+        if self.best is None or better(value, self.best):
+            self.best, self.bad_valids = value, 0
+            return True
+        self.bad_valids += 1
+        return False
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+
+    def weights_digest(self) -> str:
+        """SHA-1 of all weights, bitwise (to check that data-parallel ranks stayed identical)."""
+        h = hashlib.sha1()
+        for name, tensor in sorted(self.module.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def _weights(self) -> dict:
+        return {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
+
+    def save(self, periodic: bool, valid: dict | None) -> None:
+        """checkpoint_last.pt (full state) and, if `periodic`, checkpoint_<step>.pt (weights). Collective."""
+        rngs = self.rt.gather_objects(rng_state(self.rt.device))
+        if not self.rt.is_main:
+            return
+        meta = {"step": self.step, "epoch": self.epoch, "preset": self.cfg.preset, **(valid or {})}
+        weights = self._weights()
+        cfg, langs = self.plan.model_config, self.plan.langs
+        save(Checkpoint(cfg, weights, self.tokenizer, langs, self._train_state(rngs), meta), self.out_dir / LAST)
+        if periodic:
+            save(Checkpoint(cfg, weights, self.tokenizer, langs, None, meta), self.out_dir / periodic_name(self.step))
+            prune_periodic(self.out_dir, self.plan.keep_last)
+        self._emit({"kind": "save", "step": self.step, "path": str(self.out_dir / LAST), "periodic": periodic})
+
+    def save_best(self, valid: dict) -> None:
+        if self.rt.is_main:
+            meta = {"step": self.step, "epoch": self.epoch, "preset": self.cfg.preset, **valid}
+            save(Checkpoint(self.plan.model_config, self._weights(), self.tokenizer, self.plan.langs, None, meta),
+                 self.out_dir / BEST)
+
+    # -- reporting ------------------------------------------------------------------------------------------------
+
+    def _emit(self, event: dict) -> None:
+        if self.progress is not None:
+            self.progress(event)
+
+    def _start_event(self) -> dict:
+        plan, b = self.plan, self.plan.batching
+        return {
+            "kind": "start", "preset": self.cfg.preset, "params": self.module.num_parameters(),
+            "device": self.rt.device.type, "world_size": self.rt.world_size, "precision": self.rt.precision,
+            "max_tokens": b.max_tokens, "update_freq": b.update_freq,
+            "max_tokens_per_update": b.max_tokens_per_update,
+            "tgt_tokens_per_update": plan.mean_tgt_tokens * b.update_freq * b.world_size,
+            "batches_per_epoch": len(self.batches), "padding_efficiency": padding_efficiency(
+                self.batches, self.train_data.src_lengths, self.train_data.tgt_lengths),
+            "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, self.cfg.lr), "warmup": plan.warmup,
+            "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
+            "save_minutes": plan.save_minutes, "resumed_at": self.step if plan.resume_from else None,
+            "out_dir": str(self.out_dir),
+        }
+
+    def _eta(self, seconds_per_update: float) -> float | None:
+        left = [(self.plan.max_steps - self.step) * seconds_per_update]
+        if self.cfg.max_time:
+            left.append(self.cfg.max_time * 60 - self.elapsed)
+        return max(0.0, min(left))
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        cfg, plan, rt = self.cfg, self.plan, self.rt
+        metrics = MetricsLog(self.out_dir, rt.is_main)
+        start = self._start_event()
+        metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
+        self._emit(start)
+        window, history, valid, stopped_by = Window(), [], None, "max_steps"
+        session_start = last_save = time.monotonic()
+        elapsed_before = self.elapsed
+        saved_at = validated_at = -1
+        with StopSignals() as signals:
+            while self.step < plan.max_steps:
+                t0 = time.monotonic()
+                self.elapsed = elapsed_before + t0 - session_start
+                out_of_time = bool(cfg.max_time) and self.elapsed >= cfg.max_time * 60
+                time_to_save = t0 - last_save >= plan.save_minutes * 60
+                micro = self._next_micro_batches()
+                if micro is None:
+                    stopped_by = "max_epochs"
+                    break
+                stats = self.update(micro, stop=signals.signum is not None or (rt.is_main and out_of_time),
+                                    save_now=rt.is_main and time_to_save)
+                if stats.skipped:
+                    self.overflows += 1
+                    self._emit({"kind": "overflow", "step": self.step, "overflows": self.overflows})
+                else:
+                    self.step += 1
+                    window.add(stats, time.monotonic() - t0)
+                self.elapsed = elapsed_before + time.monotonic() - session_start
+                summary = window.summary()
+                self._emit({"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
+                            "elapsed": self.elapsed, "eta": self._eta(window.seconds / max(window.updates, 1)),
+                            "max_steps": plan.max_steps, **summary})
+                if self.step % cfg.log_every == 0 or stats.stop:
+                    record = {"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
+                              "elapsed": round(self.elapsed, 3), "overflows": self.overflows, **summary}
+                    metrics.write(record)
+                    history.append(record)
+                    window = Window()
+                if stats.stop:
+                    stopped_by = "signal" if signals.signum is not None else "max_time"
+                    break
+                save_due = stats.save or bool(cfg.save_every and self.step % cfg.save_every == 0)
+                if save_due or (cfg.valid_every and self.step % cfg.valid_every == 0):
+                    valid, validated_at = self._validate_and_track(metrics), self.step
+                    if save_due:
+                        self.save(periodic=True, valid=valid)
+                        saved_at, last_save = self.step, time.monotonic()
+                    if cfg.patience and self.bad_valids >= cfg.patience:
+                        stopped_by = "patience"
+                        break
+            signum = signals.signum
+        # the end: validate and save the final state unless that just happened
+        if validated_at != self.step:
+            valid = self._validate_and_track(metrics)
+        if saved_at != self.step:
+            self.save(periodic=True, valid=valid)
+        averaged = self._average_at_end()
+        digests = self.rt.gather_objects(self.weights_digest()) if rt.distributed else None
+        result = TrainResult(str(self.out_dir), self.step, self.epoch, self.elapsed, stopped_by,
+                             str(self.out_dir / LAST), str(self.out_dir / BEST) if (self.out_dir / BEST).exists()
+                             else None, averaged, valid, self.best, self.overflows, signum, history,
+                             None if digests is None else len(set(digests)) == 1)
+        metrics.write({"kind": "end", "step": self.step, "stopped_by": stopped_by, "elapsed": self.elapsed,
+                       "best": self.best, "overflows": self.overflows})
+        metrics.close()
+        self._emit({"kind": "end", **asdict(result)})
+        return result
+
+    def _validate_and_track(self, metrics: MetricsLog) -> dict | None:
+        valid = self.validate()
+        if valid is None:
+            return None
+        improved = self._improved(valid)
+        if improved:
+            self.save_best(valid)
+        record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **valid, "best": self.best,
+                  "improved": improved}
+        metrics.write(record)
+        self._emit(record)
+        return valid
+
+    def _average_at_end(self) -> str | None:
+        n = self.cfg.average_last
+        if not n or not self.rt.is_main:
+            return None
+        paths = periodic_checkpoints(self.out_dir)[-n:]
+        ckpt = average_checkpoints(paths)
+        save(ckpt, self.out_dir / AVERAGED)
+        self._emit({"kind": "averaged", "path": str(self.out_dir / AVERAGED), "n": len(paths), "wanted": n})
+        return str(self.out_dir / AVERAGED)
+
+
+def _adam_impl(device: torch.device) -> dict:
+    """The fastest Adam implementation available: fused kernels (CUDA, and CPU in recent torch), else foreach."""
+    return {"fused": True} if device.type in ("cuda", "cpu") and _fused_adam_ok(device) else {"foreach": True}
+
+
+def _fused_adam_ok(device: torch.device) -> bool:
+    try:
+        p = torch.zeros(1, device=device, requires_grad=True)
+        torch.optim.Adam([p], fused=True)
+        return True
+    except (RuntimeError, TypeError, ValueError):
+        return False
+
+
+def _plain(obj):
+    """JSON-like plain data (tuples become lists) for the training state."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+# ---- process orchestration ------------------------------------------------------------------------------------
+
+def write_run_config(plan: RunPlan) -> None:
+    """RUN_DIR/config.json: the options as given and as resolved."""
+    out = plan.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = {
+        "nmt_version": __version__, "torch_version": torch.__version__,
+        "options": _plain(plan.cfg.to_dict()), "model": plan.model_config.to_dict(),
+        "device": plan.launch.device_type, "world_size": plan.launch.world_size, "precision": plan.launch.precision,
+        "max_tokens": plan.batching.max_tokens, "update_freq": plan.batching.update_freq,
+        "update_tokens": plan.batching.update_tokens, "max_tokens_per_update": plan.batching.max_tokens_per_update,
+        "warmup": plan.warmup, "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, plan.cfg.lr),
+        "max_steps": plan.max_steps, "save_every_minutes": plan.save_minutes, "keep_last": plan.keep_last,
+        "langs": plan.langs, "resumed_from": plan.resume_from,
+    }
+    tmp = out / (CONFIG_JSON + ".tmp")
+    tmp.write_text(json.dumps(resolved, indent=2) + "\n")
+    os.replace(tmp, out / CONFIG_JSON)
+
+
+def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
+                progress: Progress | None = None) -> TrainResult:
+    """Set up this process (device, threads, process group), train, tear down."""
+    rt = setup_process(plan.launch, rank, local_rank, plan.cfg.threads, init_method)
+    try:
+        return Trainer(plan, rt, progress).fit()
+    finally:
+        shutdown_process(rt)
+
+
+_AGREED_ERROR = 3  # a spawned rank's exit code for an error that rank 0 raises and reports too
+
+
+def _child_main(plan: RunPlan, rank: int, init_method: str) -> None:
+    """Entry point of ranks 1..N-1 started by `train` (spawned processes)."""
+    try:
+        run_process(plan, rank, rank, init_method)
+    except TrainingError:
+        sys.exit(_AGREED_ERROR)  # rank 0 reports the same error (every rank agrees on the loss)
+    except Exception as exc:  # noqa: BLE001 - report in one line, the parent says which rank failed
+        print(f"error: rank {rank}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _watch_children(procs: list, done: threading.Event) -> None:
+    """If a spawned rank dies while rank 0 still runs, rank 0 would block in a collective: end the run."""
+    while not done.wait(1.0):
+        for p in procs:
+            if p.exitcode not in (None, 0, _AGREED_ERROR):
+                print(f"error: training process {procs.index(p) + 1} exited with code {p.exitcode}; stopping",
+                      file=sys.stderr)
+                for q in procs:
+                    if q.is_alive():
+                        q.terminate()
+                os._exit(1)
+
+
+def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
+    """Train as `cfg` says; returns where the checkpoints are and how the run ended."""
+    plan = plan_run(cfg)
+    env = torchrun_env()
+    if env is not None:
+        rank, _, local_rank = env
+        if rank == 0:
+            write_run_config(plan)
+        return run_process(plan, rank, local_rank, "env://" if plan.launch.distributed else None,
+                           progress if rank == 0 else None)
+    write_run_config(plan)
+    if not plan.launch.distributed:
+        return run_process(plan, 0, 0, None, progress)
+    import torch.multiprocessing as mp
+
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_child_main, args=(plan, r, init_method)) for r in range(1, plan.launch.world_size)]
+    for p in procs:
+        p.start()
+    done = threading.Event()
+    threading.Thread(target=_watch_children, args=(procs, done), daemon=True).start()
+    try:
+        result = run_process(plan, 0, 0, init_method, progress)
+    except BaseException:
+        done.set()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        raise
+    done.set()
+    for p in procs:
+        p.join(timeout=300)
+    failed = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(procs) if p.exitcode != 0]
+    if failed:
+        raise TrainingError(f"training processes failed: {', '.join(failed)}; see their messages above")
+    return result

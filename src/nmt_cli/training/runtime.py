@@ -1,0 +1,206 @@
+"""Devices, precision and process groups, in one place.
+
+- `plan_launch()` decides, before anything is written, where training runs: one process on CPU or one GPU,
+  N processes over NCCL (`--gpus N`), N CPU processes over gloo (`--cpu-procs N`, what CI tests), or the
+  processes `torchrun` started (RANK / WORLD_SIZE / LOCAL_RANK in the environment).
+- `resolve_precision()` turns auto/fp32/bf16/fp16 into what the device supports (one clear error otherwise).
+- `Runtime` is one process's view: device, rank, autocast context, all-reduce helpers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from nmt_cli.errors import ConfigError, DeviceError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cpu_flags() -> set[str]:
+    """The CPU feature flags of /proc/cpuinfo (empty where it does not exist)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True where bf16 matrix products run natively (AMX or AVX512-BF16), i.e. faster than fp32."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+
+
+def resolve_precision(precision: str, device_type: str) -> str:
+    """auto -> bf16 where the device runs it fast (CPU with AMX/AVX512-BF16, GPU with bf16), fp16 on older GPUs,
+    else fp32. Raises DeviceError for fp16 on CPU and bf16 on a GPU without it."""
+    if precision == "auto":
+        if device_type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "bf16" if cpu_has_fast_bf16() else "fp32"
+    if precision == "fp16" and device_type == "cpu":
+        raise DeviceError("fp16 training needs a GPU; on CPU use --precision bf16 (or fp32)")
+    if precision == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise DeviceError("this GPU does not support bf16; use --precision fp16 (or fp32)")
+    return precision
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """(rank, world_size, local_rank) when started by torchrun (or any launcher setting those variables)."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+    if not all(k in os.environ for k in keys):
+        return None
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+
+
+@dataclass
+class Launch:
+    """Where the run happens: device type, number of processes, backend, and who starts the processes."""
+
+    device_type: str  # "cpu" | "cuda"
+    world_size: int
+    backend: str | None  # "nccl" | "gloo" | None for one process
+    external: bool  # True: torchrun started the processes; False: nmt spawns them (world_size > 1)
+    precision: str  # resolved: fp32 | bf16 | fp16
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def plan_launch(gpus: int | None, cpu_procs: int, precision: str) -> Launch:
+    """Check the request against the machine; raise DeviceError/ConfigError with one clear line."""
+    n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    env = torchrun_env()
+    if env is not None:
+        _, world, _ = env
+        device_type = "cuda" if (gpus != 0 and n_cuda > 0) else "cpu"
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        return Launch(device_type, world, backend if world > 1 else None, True,
+                      resolve_precision(precision, device_type))
+    if gpus is None:
+        gpus = 1 if (n_cuda > 0 and cpu_procs == 1) else 0
+    if gpus > n_cuda:
+        where = f"only {n_cuda}" if n_cuda else "no CUDA GPU"
+        raise DeviceError(f"--gpus {gpus} asked for {gpus} GPU(s) but this machine has {where}; "
+                          "lower --gpus (or use --gpus 0 for CPU)")
+    if gpus > 0:
+        return Launch("cuda", gpus, "nccl" if gpus > 1 else None, False, resolve_precision(precision, "cuda"))
+    if cpu_procs > (os.cpu_count() or 1) * 4:
+        raise ConfigError(f"--cpu-procs {cpu_procs} is far more than this machine's {os.cpu_count()} cores")
+    return Launch("cpu", cpu_procs, "gloo" if cpu_procs > 1 else None, False, resolve_precision(precision, "cpu"))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Runtime:
+    """One training process: its rank, device, precision and collective helpers."""
+
+    launch: Launch
+    rank: int = 0
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.launch.distributed
+
+    @property
+    def precision(self) -> str:
+        return self.launch.precision
+
+    def autocast(self):
+        """Mixed-precision context for the forward pass (a no-op in fp32).
+
+        On CPU in bf16 it also selects the composite ("math") attention kernel: the fused CPU flash-attention
+        kernel is ~2x slower than the composite one in bf16 for training-sized batches (bench/train.py).
+        """
+        if self.precision == "fp32":
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.autocast(device_type=self.device.type, dtype=DTYPES[self.precision]))
+        if self.device.type == "cpu":
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        return stack
+
+    def make_scaler(self):
+        """A dynamic loss scaler for fp16 (None otherwise): overflowed steps are skipped and the scale lowered."""
+        if self.precision != "fp16":
+            return None
+        return torch.amp.GradScaler(self.device.type)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.distributed:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def broadcast_float(self, value: float | None) -> float | None:
+        """Rank 0's value on every rank (NaN stands for None)."""
+        if not self.distributed:
+            return value
+        t = torch.tensor([float("nan") if value is None else value], dtype=torch.float64, device=self.device)
+        dist.broadcast(t, src=0)
+        out = float(t.item())
+        return None if out != out else out
+
+    def gather_objects(self, obj) -> list:
+        """Every rank's `obj` (a small picklable value), in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | None,
+                  init_method: str | None = None) -> Runtime:
+    """Pin this process's device and threads and join the process group (world_size > 1)."""
+    if launch.device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    else:
+        device = torch.device("cpu")
+    if threads is None and launch.device_type == "cpu":
+        local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", launch.world_size if not launch.external else 1))
+        threads = max(1, (os.cpu_count() or 1) // max(1, local_procs))
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if launch.distributed and not dist.is_initialized():
+        dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
+                                world_size=launch.world_size, timeout=datetime.timedelta(minutes=30))
+    return Runtime(launch, rank, local_rank, device)
+
+
+def shutdown_process(runtime: Runtime) -> None:
+    if runtime.distributed and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,312 @@
+"""nmt train: the loss drops, accumulation is exact, resume is exact, checkpoints are safe, bad input is refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from nmt_cli.checkpoint import load
+from nmt_cli.data.store import collate
+from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
+from nmt_cli.training import loop as loop_mod
+from nmt_cli.training.checkpoints import periodic_checkpoints, prune_periodic
+from nmt_cli.training.config import TrainConfig, resolve_batching, resolve_save_minutes
+from nmt_cli.training.loop import Trainer, plan_run, train
+from nmt_cli.training.runtime import Launch, Runtime
+from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
+
+SMALL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "encoder_layers": 1, "decoder_layers": 1}
+
+
+def small_cfg(data_dir, out_dir, **kw) -> TrainConfig:
+    base = dict(preset="tiny", model=dict(SMALL), max_tokens=256, update_freq=1, warmup=10, lr=3e-3,
+                precision="fp32", threads=1, log_every=5)
+    base.update(kw)
+    return TrainConfig(str(data_dir), str(out_dir), **base)
+
+
+def run_nmt(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "nmt_cli.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+# ---- schedule and batching ------------------------------------------------------------------------------------
+
+def test_schedule_is_the_papers_formula():
+    d, w = 512, 4000
+    assert inverse_sqrt_lr(w, d, w) == pytest.approx(d**-0.5 * w**-0.5)
+    assert inverse_sqrt_lr(100, d, w) == pytest.approx(d**-0.5 * 100 * w**-1.5)
+    assert inverse_sqrt_lr(16000, d, w) == pytest.approx(d**-0.5 * 16000**-0.5)
+    lrs = [inverse_sqrt_lr(s, d, w) for s in range(1, 10000, 50)]
+    top = lrs.index(max(lrs))
+    assert all(a < b for a, b in zip(lrs[:top], lrs[1 : top + 1], strict=True))  # rises during warmup
+    assert all(a > b for a, b in zip(lrs[top + 1 :], lrs[top + 2 :], strict=False))  # then decays
+    assert peak_lr(d, w, peak=1e-3) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(4 * w, d, w, peak=1e-3) == pytest.approx(5e-4)
+
+
+def test_update_freq_auto_reaches_the_update_size(tmp_path):
+    cfg = TrainConfig("d", "o", preset="base", max_tokens=3125)
+    assert resolve_batching(cfg, 1, "cuda").update_freq == 8  # one GPU reproduces the 8-GPU batch
+    assert resolve_batching(cfg, 8, "cuda").update_freq == 1
+    default = resolve_batching(TrainConfig("d", "o", preset="base"), 1, "cuda")
+    assert (default.max_tokens, default.update_freq) == (25000, 1)
+    cpu = resolve_batching(TrainConfig("d", "o", preset="base"), 1, "cpu")
+    assert cpu.max_tokens_per_update >= 24000 and cpu.max_tokens <= 8192
+    fixed = resolve_batching(TrainConfig("d", "o", preset="base", max_tokens=1000, update_freq=3), 2, "cpu")
+    assert fixed.max_tokens_per_update == 6000
+
+
+def test_time_based_saving_scales_with_max_time():
+    assert resolve_save_minutes(TrainConfig("d", "o")) == 10.0
+    assert resolve_save_minutes(TrainConfig("d", "o", max_time=4.5)) == pytest.approx(4.5 / 20)
+    assert resolve_save_minutes(TrainConfig("d", "o", max_time=4.5, save_every_minutes=1)) == 1
+
+
+# ---- the loop -------------------------------------------------------------------------------------------------
+
+def test_loss_drops_and_run_dir_is_complete(toy_data_dir, tmp_path):
+    run = tmp_path / "run"
+    result = train(small_cfg(toy_data_dir, run, max_steps=80, save_every=40, average_last=2))
+    first, last = result.history[0], result.history[-1]
+    assert last["loss"] < 0.7 * first["loss"]
+    assert result.valid["valid_ppl"] < 15  # uniform over the 64-token vocabulary would be 64
+    assert result.stopped_by == "max_steps" and result.step == 80
+    names = {p.name for p in run.iterdir()}
+    assert {"checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_40.pt", "checkpoint_80.pt", "averaged.pt",
+            "config.json", "metrics.jsonl"} <= names
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["d_model"] == 32 and config["max_steps"] == 80 and config["precision"] == "fp32"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {r["kind"] for r in records} >= {"start", "train", "valid", "end"}
+    # the training state is plain data: loadable without unpickling code
+    raw = torch.load(run / "checkpoint_last.pt", weights_only=True)
+    assert raw["train_state"]["step"] == 80 and "optimizer" in raw["train_state"]
+    assert load(run / "averaged.pt").train_state is None
+
+
+def test_bf16_autocast_trains_on_cpu(toy_data_dir, tmp_path):
+    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=30, precision="bf16"))
+    assert math.isfinite(result.history[-1]["loss"])
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["precision"] == "bf16"
+
+
+def _fresh_trainer(data_dir, out_dir) -> Trainer:
+    cfg = small_cfg(data_dir, out_dir, model={**SMALL, "dropout": 0.0}, max_steps=10)
+    plan = plan_run(cfg)
+    return Trainer(plan, Runtime(Launch("cpu", 1, None, False, "fp32")))
+
+
+def test_gradient_accumulation_equals_one_big_batch(toy_data_dir, tmp_path):
+    """2 micro-batches of 4 sentences == 8 micro-batches of 1 == 1 batch of 8: the same per-token mean gradient
+    reaches the optimizer (dropout 0, fp32)."""
+    results = []
+    for split in ([8], [4, 4], [1] * 8):
+        trainer = _fresh_trainer(toy_data_dir, tmp_path / f"run{len(split)}")
+        seen = {}
+        real_step = trainer.optimizer.step
+
+        def capture(*a, _trainer=trainer, _seen=seen, _real=real_step, **kw):
+            _seen.update({n: p.grad.clone() for n, p in _trainer.module.named_parameters()})
+            return _real(*a, **kw)
+
+        trainer.optimizer.step = capture
+        data, micro, start = trainer.train_data, [], 0
+        for size in split:
+            micro.append(collate([data[i] for i in range(start, start + size)]))
+            start += size
+        stats = trainer.update(micro)
+        results.append((stats, seen))
+    (ref_stats, ref), others = results[0], results[1:]
+    assert ref and max(float(g.abs().max()) for g in ref.values()) > 1e-3
+    for stats, grads in others:
+        assert stats.tgt_tokens == ref_stats.tgt_tokens
+        assert stats.loss_sum == pytest.approx(ref_stats.loss_sum, rel=1e-5)
+        for k in ref:
+            torch.testing.assert_close(grads[k], ref[k], rtol=1e-4, atol=1e-6)
+
+
+def test_resume_equals_uninterrupted_training(toy_data_dir, tmp_path):
+    """fp32 with dropout on: 2N updates straight == N updates, stop, resume for N more (bitwise)."""
+    per_epoch = len(_fresh_trainer(toy_data_dir, tmp_path / "probe").batches)
+    n = per_epoch * 2 // 3 + 1  # stop mid-epoch; the resumed half crosses into the next epoch
+    straight = train(small_cfg(toy_data_dir, tmp_path / "a", max_steps=2 * n))
+    half = train(small_cfg(toy_data_dir, tmp_path / "b", max_steps=n))
+    assert half.step == n
+    resumed = train(small_cfg(toy_data_dir, tmp_path / "b", max_steps=2 * n))
+    assert resumed.step == straight.step == 2 * n and resumed.epoch == straight.epoch >= 2
+    a, b = load(tmp_path / "a" / "checkpoint_last.pt"), load(tmp_path / "b" / "checkpoint_last.pt")
+    for k in a.model_state:
+        assert torch.equal(a.model_state[k], b.model_state[k]), k
+    opt_a, opt_b = a.train_state["optimizer"]["state"], b.train_state["optimizer"]["state"]
+    for i in opt_a:
+        assert torch.equal(opt_a[i]["exp_avg_sq"], opt_b[i]["exp_avg_sq"])
+    assert (a.train_state["epoch"], a.train_state["pos"]) == (b.train_state["epoch"], b.train_state["pos"])
+
+
+def test_resume_refuses_an_incompatible_checkpoint(toy_data_dir, tmp_path):
+    train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=3))
+    before = (tmp_path / "run" / "checkpoint_last.pt").read_bytes()
+    with pytest.raises(CheckpointError, match="another model"):
+        train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, model={**SMALL, "d_model": 64}))
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, resume=False))
+    assert (tmp_path / "run" / "checkpoint_last.pt").read_bytes() == before
+
+
+def test_nan_loss_is_reported_with_the_step(toy_data_dir, tmp_path, monkeypatch):
+    real = loop_mod.label_smoothed_cross_entropy
+    calls = {"n": 0}
+
+    def poisoned(logits, target, epsilon, pad_id):
+        calls["n"] += torch.is_grad_enabled()  # count training micro-batches, not validation
+        loss, nll, n = real(logits, target, epsilon, pad_id)
+        return (loss * float("nan"), nll, n) if calls["n"] == 4 else (loss, nll, n)
+
+    monkeypatch.setattr(loop_mod, "label_smoothed_cross_entropy", poisoned)
+    with pytest.raises(TrainingError, match="update 4"):
+        train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=10, save_every=2))
+    assert load(tmp_path / "run" / "checkpoint_last.pt").train_state["step"] == 2  # the last good state
+
+
+def test_interrupted_save_leaves_the_old_checkpoint_valid(toy_data_dir, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    train(small_cfg(toy_data_dir, run, max_steps=4))
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **kw):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt  # e.g. the machine goes down mid-write
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_cfg(toy_data_dir, run, max_steps=8))
+    monkeypatch.setattr(torch, "save", real_save)
+    ckpt = load(run / "checkpoint_last.pt")
+    assert ckpt.train_state["step"] == 4
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_max_time_stops_and_time_based_checkpoints_average(toy_data_dir, tmp_path):
+    run = tmp_path / "run"
+    result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3))
+    assert result.stopped_by == "max_time"
+    assert 2.5 <= result.elapsed <= 15
+    assert len(periodic_checkpoints(run)) == 3  # saved every 0.05/20 min, pruned to --keep-last
+    assert load(run / "averaged.pt").meta["averaged_from"] == [str(p) for p in periodic_checkpoints(run)]
+
+
+def test_max_epochs_and_patience(toy_data_dir, tmp_path):
+    result = train(small_cfg(toy_data_dir, tmp_path / "e", max_epochs=2))
+    assert result.stopped_by == "max_epochs" and result.epoch == 3
+    trainer = _fresh_trainer(toy_data_dir, tmp_path / "p")
+    assert trainer._improved({"valid_nll_loss": 2.0}) and trainer._improved({"valid_nll_loss": 1.5})
+    assert not trainer._improved({"valid_nll_loss": 1.7}) and trainer.bad_valids == 1
+
+
+def test_valid_bleu_uses_beam_search(toy_data_dir, tmp_path):
+    run = tmp_path / "run"
+    result = train(small_cfg(toy_data_dir, run, max_steps=20, valid_bleu=True, valid_beam=2))
+    assert 0.0 <= result.valid["valid_bleu"] <= 100.0
+    assert result.best_valid == result.valid["valid_bleu"]
+
+
+def test_keep_last_prunes_oldest(tmp_path):
+    for step in (5, 10, 15, 100):
+        (tmp_path / f"checkpoint_{step}.pt").write_bytes(b"x")
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
+    prune_periodic(tmp_path, 2)
+    assert [p.name for p in periodic_checkpoints(tmp_path)] == ["checkpoint_15.pt", "checkpoint_100.pt"]
+    assert (tmp_path / "checkpoint_last.pt").exists()
+
+
+# ---- distributed (gloo on CPU) --------------------------------------------------------------------------------
+
+def test_two_gloo_processes_train_and_agree(toy_data_dir, tmp_path):
+    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, cpu_procs=2))
+    assert result.ranks_agree is True
+    assert result.step == 6 and result.history[-1]["loss"] < result.history[0]["loss"] * 1.05
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["world_size"] == 2
+    assert load(tmp_path / "run" / "checkpoint_last.pt").train_state["world_size"] == 2
+
+
+# ---- the command line -----------------------------------------------------------------------------------------
+
+def _cli_args(data_dir, run, *extra):
+    return ["train", data_dir, "-o", run, "--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--layers", "1",
+            "--max-tokens", "256", "--update-freq", "1", "--warmup", "10", "--precision", "fp32", *extra]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--precision", "fp16"], "fp16"),
+    (["--gpus", "64"], "--gpus 64"),
+    (["--max-tokens", "4"], "--max-tokens"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(toy_data_dir, tmp_path, extra, message):
+    run = tmp_path / "run"
+    r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "2"), *extra)
+    assert r.returncode == 1, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr
+    assert not run.exists()
+
+
+def test_data_dir_not_written_by_prepare(tmp_path):
+    (tmp_path / "raw").mkdir()
+    with pytest.raises(DataError, match="nmt prepare"):
+        plan_run(TrainConfig(str(tmp_path / "raw"), str(tmp_path / "run")))
+    assert not (tmp_path / "run").exists()
+
+
+def test_fp16_on_cpu_is_refused(toy_data_dir, tmp_path):
+    with pytest.raises(DeviceError, match="fp16"):
+        plan_run(small_cfg(toy_data_dir, tmp_path / "run", precision="fp16", gpus=0))
+
+
+def test_cli_trains_then_sigterm_saves_and_exits(toy_data_dir, tmp_path):
+    run = tmp_path / "run"
+    r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "12", "--save-every", "6", "--log-every", "4"))
+    assert r.returncode == 0, r.stderr
+    assert "update 12/" in r.stderr and "done: 12 updates" in r.stderr
+    # a long run, stopped by SIGTERM: a checkpoint is written and the process exits without a traceback
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli.cli",
+                             *map(str, _cli_args(toy_data_dir, run, "--max-steps", "100000"))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and metrics.read_text().count('"kind": "start"') < 2:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM" in err and "Traceback" not in err
+    state = load(run / "checkpoint_last.pt").train_state
+    assert state["step"] > 12  # resumed from 12 and went on before the signal
+
+
+@pytest.fixture(scope="module")
+def sample_data_dir(tmp_path_factory):
+    prepare = pytest.importorskip("nmt_cli.data.prepare")
+    out = tmp_path_factory.mktemp("sample") / "data"
+    prepare.prepare(prepare.PrepareOptions("sample", str(out), vocab_size=400,
+                                           sample_sizes={"train": 3000, "valid": 100, "test": 100}))
+    return out
+
+
+def test_tiny_model_learns_the_sample_corpus_in_seconds(sample_data_dir, tmp_path):
+    cfg = small_cfg(sample_data_dir, tmp_path / "run", model={**SMALL, "d_model": 64, "d_ff": 128},
+                    max_tokens=1024, warmup=30, lr=5e-3, max_steps=100, log_every=10)
+    result = train(cfg)
+    first, last = result.history[0], result.history[-1]
+    assert last["loss"] < 0.7 * first["loss"]
+    assert result.valid["valid_ppl"] < 0.1 * 400  # far below uniform over the vocabulary

@@ -1,0 +1,56 @@
+"""The fused, chunked label-smoothed loss equals the plain log-softmax formulation, in value and gradient."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt_cli.training import loss as loss_mod
+from nmt_cli.training.loss import label_smoothed_cross_entropy
+
+
+def reference(logits, target, epsilon, pad_id=0):
+    lprobs = F.log_softmax(logits.reshape(-1, logits.size(-1)).float(), dim=-1)
+    flat = target.reshape(-1)
+    keep = flat.ne(pad_id)
+    nll = -lprobs.gather(-1, flat.unsqueeze(-1)).squeeze(-1).masked_fill(~keep, 0.0).sum()
+    smooth = -lprobs.sum(-1).masked_fill(~keep, 0.0).sum()
+    return (1.0 - epsilon) * nll + epsilon / lprobs.size(-1) * smooth, nll
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+@pytest.mark.parametrize("scale", [1.0, 2.5])  # 1.0: the backward's shortcut; 2.5: e.g. a loss scaler
+def test_fused_loss_matches_reference(dtype, epsilon, scale, monkeypatch):
+    monkeypatch.setattr(loss_mod, "_CHUNK_ELEMENTS", 3 * 50)  # several chunks, the last one partial
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(4, 5, 50)).to(dtype)
+    target = torch.randint(4, 50, (4, 5))
+    target[1, 2:] = 0
+    target[3, 4] = 0
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    loss, nll, n = label_smoothed_cross_entropy(a, target, epsilon, pad_id=0)
+    ref_loss, ref_nll = reference(b, target, epsilon)
+    assert n == int(target.ne(0).sum())
+    tol = dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(loss, ref_loss, **tol)
+    torch.testing.assert_close(nll, ref_nll.detach(), **tol)
+    (scale * loss).backward()
+    (scale * ref_loss).backward()
+    assert a.grad.dtype == dtype
+    grad_tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(a.grad, b.grad, **grad_tol)
+    assert a.grad[1, 2:].abs().sum() == 0  # padding gets no gradient
+    torch.testing.assert_close(a.detach(), logits)  # the logits themselves are not modified
+
+
+def test_no_grad_path_and_fp32_input_untouched():
+    logits = torch.randn(3, 7, 20)
+    target = torch.randint(1, 20, (3, 7))
+    with torch.no_grad():
+        loss, nll, n = label_smoothed_cross_entropy(logits, target, 0.1)
+    ref_loss, _ = reference(logits, target, 0.1)
+    torch.testing.assert_close(loss, ref_loss)
+    assert n == int(target.ne(0).sum())
