@@ -11,11 +11,11 @@ DATA=$SHARED/multi30k
 OUT=${OUT:-runs/multi30k}
 MINUTES=${MINUTES:-20}
 PRECISION=${PRECISION:-bf16}
-WARMUP=${WARMUP:-4000}
+WARMUP=${WARMUP:-1000}
 LR=${LR:-0.001}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 AVG=${AVG:-5}
-SAVE_MIN=${SAVE_MIN:-1}
+SAVE_MIN=${SAVE_MIN:-0.5}
 [ -f "$DATA/train.en" ] || { echo "error: $DATA/train.en not found; set SHARED=path/to/shared/data" >&2; exit 1; }
 mkdir -p "$OUT"
 
@@ -33,9 +33,14 @@ $NMT train "$OUT/data" -o "$OUT/run" --preset base --d-model 256 --d-ff 1024 --h
 
 for split in valid test; do
   for model in checkpoint_last averaged; do
-    $NMT translate -m "$OUT/run/$model.pt" --beam 4 --lenpen 0.6 < "$OUT/data/raw/$split.en" > "$OUT/$split.$model.de"
-    echo "== $split, $model.pt"
-    $NMT score "$OUT/$split.$model.de" -r "$OUT/data/raw/$split.de"
+    for prec in fp32 bf16; do
+      start=$(date +%s.%N)
+      $NMT translate -m "$OUT/run/$model.pt" --beam 4 --lenpen 0.6 --precision $prec \
+        < "$OUT/data/raw/$split.en" > "$OUT/$split.$model.$prec.de"
+      secs=$(python3 -c "import time; print(f'{time.time() - $start:.1f}')")
+      echo "== $split, $model.pt, translate $prec (beam 4): ${secs}s wall for $(wc -l < "$OUT/data/raw/$split.en") sentences"
+      $NMT score "$OUT/$split.$model.$prec.de" -r "$OUT/data/raw/$split.de"
+    done
   done
 done
 python3 - "$OUT/run/metrics.jsonl" <<'PY'

@@ -336,3 +336,17 @@ def test_test_set_offline_fails_fast_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert "wmt14" in lines[0] and "sacrebleu" in lines[0] and "-r" in lines[0]
+
+
+def test_blank_hypothesis_lines_score_zero_rather_than_fail(tmp_path):
+    """A weak system may output only blank lines: that is a score of 0, not an error; a file of no lines is."""
+    from nmt_cli.errors import DataError
+    from nmt_cli.metrics import read_lines
+
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n\n\n")
+    assert read_lines(blank) == ["", "", ""]
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty"):
+        read_lines(empty)

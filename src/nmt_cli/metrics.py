@@ -118,13 +118,15 @@ def read_lines(path: str) -> list[str]:
 
 
 def lines_from_stream(stream: Iterable[str], name: str) -> list[str]:
-    """Lines of an open text stream (file or stdin); DataError if it is not UTF-8 or holds no text."""
+    """Lines of an open text stream (file or stdin); DataError if it is not UTF-8 or has no lines at all.
+
+    A file of blank lines is valid input (a weak system may output nothing): it scores, it does not fail."""
     try:
         lines = [line.rstrip() for line in stream]
     except UnicodeDecodeError as exc:
         raise DataError(f"cannot read {name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if not any(lines):
-        raise DataError(f"{name} is empty: it holds no text to score (one sentence per line expected)")
+    if not lines:
+        raise DataError(f"{name} is empty: it holds no lines to score (one sentence per line expected)")
     return lines
 
 

@@ -11,7 +11,6 @@ replaced (U+FFFD) with a warning, an over-long line is truncated to the model's 
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +26,7 @@ from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, search
+from nmt_cli.training import checkpoints as training_ckpts
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -105,49 +105,16 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
 # ---------------------------------------------------------------------------------------------------- models
 
 
-def _load(path: Path) -> ckpt_io.Checkpoint:
-    """checkpoint.load, with any unexpected failure of torch's unpickler on a corrupt file made one clear line."""
-    try:
-        return ckpt_io.load(path)
-    except CheckpointError:
-        raise
-    except Exception as exc:  # e.g. IndexError from the weights-only unpickler on a non-zip file
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(exc).__name__}: {exc}); "
-                              "use another checkpoint or re-copy the file") from exc
-
-
-def _step_key(path: Path) -> tuple:
-    numbers = re.findall(r"\d+", path.stem)
-    return (int(numbers[-1]) if numbers else -1, path.stat().st_mtime)
-
-
 def last_checkpoints(directory: Path, n: int) -> list[Path]:
-    """The `n` most recent periodic checkpoints in `directory` (by the step/epoch number in their names)."""
-    found = [p for p in directory.glob("*.pt") if not re.search(r"best|last|averag", p.stem)]
+    """The `n` newest checkpoint_<step>.pt of a run directory; CheckpointError when it holds fewer."""
+    found = training_ckpts.last_checkpoints(directory, n)
     if len(found) < n:
-        raise CheckpointError(
-            f"{directory}: --average-last {n} needs {n} periodic checkpoints (*.pt other than best/last/averaged), "
-            f"found {len(found)}; lower N or pass a checkpoint file"
-        )
-    return sorted(found, key=_step_key)[-n:]
+        raise CheckpointError(f"{directory}: --average-last {n} needs {n} checkpoint_<step>.pt files, found "
+                              f"{len(found)}; lower N or pass a checkpoint file")
+    return found
 
 
-def average_checkpoints(paths: list[Path]) -> ckpt_io.Checkpoint:
-    """Load `paths` and average their weights (floating tensors; others are taken from the last)."""
-    first = _load(paths[-1])
-    if len(paths) == 1:
-        return first
-    total = {k: v.double() if v.is_floating_point() else v for k, v in first.model_state.items()}
-    for path in paths[:-1]:
-        other = _load(path)
-        if other.model_config != first.model_config or other.model_state.keys() != total.keys():
-            raise CheckpointError(f"{path}: its model differs from {paths[-1]}'s; average checkpoints of one run only")
-        for k, v in other.model_state.items():
-            if v.is_floating_point():
-                total[k] += v.double()
-    state = {k: (v / len(paths)).to(first.model_state[k].dtype) if v.is_floating_point() else v
-             for k, v in total.items()}
-    return dataclasses.replace(first, model_state=state, train_state=None)
+average_checkpoints = training_ckpts.average_checkpoints
 
 
 def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None) -> list[ckpt_io.Checkpoint]:
@@ -162,7 +129,7 @@ def load_checkpoints(models: Iterable[str | Path], average_last: int | None = No
         elif path.is_dir():
             raise CheckpointError(f"{path} is a directory; pass a checkpoint file, or add --average-last N")
         else:
-            out.append(_load(path))
+            out.append(ckpt_io.load(path))
     if not out:
         raise CheckpointError("no checkpoint given; pass -m CHECKPOINT")
     if any(c.tokenizer != out[0].tokenizer for c in out[1:]):
