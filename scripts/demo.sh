@@ -12,6 +12,6 @@ $NMT train "$DIR/data" -o "$DIR/run" --preset tiny --max-time "$MINUTES" --preci
 echo "== nmt translate the sample test set"
 $NMT translate -m "$DIR/run/averaged.pt" < "$DIR/data/raw/test.en" > "$DIR/test.hyp.de"
 echo "== example translations"
-paste "$DIR/data/raw/test.en" "$DIR/test.hyp.de" | head -n 5 | sed 's/\t/\n   -> /'
+paste <(head -n 5 "$DIR/data/raw/test.en") <(head -n 5 "$DIR/test.hyp.de") | sed 's/\t/\n   -> /'
 echo "== nmt score"
 $NMT score "$DIR/test.hyp.de" -r "$DIR/data/raw/test.de"
