@@ -75,8 +75,16 @@ def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **co
 
 
 def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
-    """An nmt checkpoint as a CTranslate2 model through its Python spec API (post-LN, shared embeddings)."""
-    if (out_dir / "model.bin").exists():
+    """An nmt checkpoint as a CTranslate2 model through its Python spec API (post-LN, shared embeddings).
+
+    The conversion is cached in `out_dir` together with the checkpoint it came from (path, size, mtime): a cached
+    model of another checkpoint is converted again, never reused (a stale random-weight model reused for a trained
+    checkpoint never emits EOS and decodes to the maximum length on every line).
+    """
+    stat = ckpt_path.resolve().stat()
+    source = json.dumps({"checkpoint": str(ckpt_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+    if (out_dir / "model.bin").exists() and (out_dir / "nmt_source.json").exists() \
+            and (out_dir / "nmt_source.json").read_text() == source:
         return out_dir
     import torch
     from ctranslate2.specs import transformer_spec
@@ -138,6 +146,7 @@ def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
     spec.validate()
     spec.optimize(quantization=None)
     spec.save(str(out_dir))
+    (out_dir / "nmt_source.json").write_text(source)
     return out_dir
 
 

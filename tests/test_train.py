@@ -19,7 +19,7 @@ from nmt_cli.training import loop as loop_mod
 from nmt_cli.training.checkpoints import periodic_checkpoints, prune_periodic
 from nmt_cli.training.config import TrainConfig, resolve_batching, resolve_save_minutes
 from nmt_cli.training.loop import Trainer, plan_run, train
-from nmt_cli.training.runtime import Launch, Runtime
+from nmt_cli.training.runtime import FP16_INIT_SCALE, Launch, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 
 SMALL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "encoder_layers": 1, "decoder_layers": 1}
@@ -270,6 +270,31 @@ def test_data_dir_not_written_by_prepare(tmp_path):
 def test_fp16_on_cpu_is_refused(toy_data_dir, tmp_path):
     with pytest.raises(DeviceError, match="fp16"):
         plan_run(small_cfg(toy_data_dir, tmp_path / "run", precision="fp16", gpus=0))
+
+
+def test_fp16_loss_scaler_skips_and_counts_overflowed_updates(toy_data_dir, tmp_path, monkeypatch):
+    """The fp16 path (autocast + dynamic loss scaling), exercised on CPU where torch supports it: an update whose
+    gradients overflow is skipped (weights untouched, scale halved), counted, and does not advance the step."""
+    fp16 = Launch("cpu", 1, None, False, "fp16")
+    monkeypatch.setattr(loop_mod, "plan_launch", lambda *a, **kw: fp16)  # nmt train refuses fp16 on CPU
+    real = loop_mod.label_smoothed_cross_entropy
+    calls = {"n": 0}
+
+    def overflow_once(logits, target, epsilon, pad_id):
+        loss, nll, n = real(logits, target, epsilon, pad_id)
+        calls["n"] += torch.is_grad_enabled()
+        return (loss * float("inf"), nll, n) if calls["n"] == 3 else (loss, nll, n)
+
+    monkeypatch.setattr(loop_mod, "label_smoothed_cross_entropy", overflow_once)
+    run = tmp_path / "run"
+    result = train(small_cfg(toy_data_dir, run, max_steps=6, precision="fp16"))
+    assert result.step == 6 and result.overflows == 1 and calls["n"] == 7
+    events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["overflows"] for e in events if e["kind"] == "train"][-1] == 1
+    ckpt = load(run / "checkpoint_last.pt")
+    assert ckpt.train_state["overflows"] == 1
+    assert ckpt.train_state["scaler"]["scale"] == FP16_INIT_SCALE / 2  # halved once, not yet grown back
+    assert all(torch.isfinite(t).all() for t in ckpt.model_state.values())
 
 
 def test_cli_trains_then_sigterm_saves_and_exits(toy_data_dir, tmp_path):
