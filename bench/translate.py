@@ -231,6 +231,28 @@ def job_stream(a: dict) -> dict:
 
 
 JOBS = {"nmt": job_nmt, "ct2": job_ct2, "stream": job_stream}
+# Anchors that live in their own environments, run as scripts that print one JSON line (seconds, sentences, ...):
+# Hugging Face generate on the weights converted to a MarianMTModel, fairseq's SequenceGenerator on the weights
+# converted to a fairseq TransformerModel (see each script's docstring for its install line).
+ANCHOR_SCRIPTS = {"hf": ROOT / "bench" / "hf_marian.py", "fairseq": ROOT / "bench" / "fairseq_gen.py"}
+
+
+def run_anchor(kind: str, python: str, site: str | None, a: dict) -> dict:
+    """Run bench/hf_marian.py or bench/fairseq_gen.py on the same input, lengths and threads as the nmt job."""
+    cmd = [python, str(ANCHOR_SCRIPTS[kind]), a["checkpoint"], a["input"], a["output"], "--threads", str(a["threads"]),
+           "--beam", str(a["beam"]), "--lenpen", "0.6"]
+    if a.get("fixed_len"):
+        cmd += ["--fixed-length", str(a["fixed_len"])]
+    else:
+        cmd += ["--max-len-a", str(a["max_len_a"]), "--max-len-b", str(a["max_len_b"])]
+    if a.get("n"):
+        cmd += ["-n", str(a["n"])]
+    if site:
+        cmd += ["--hf-site", site]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def run_job(kind: str, **args) -> dict:
@@ -279,24 +301,35 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
         lengths = dict(max_len_a=0.0, max_len_b=fixed_len + 1)
         ct2_len = fixed_len
         print(f"{name}: RANDOM weights, FIXED output length {fixed_len} tokens (+EOS for nmt)")
-    configs = [("nmt", "fp32"), ("nmt", "bf16"), ("ct2", "float32"), ("ct2", "int8")]
-    if args.no_ct2:
-        configs = configs[:2]
+    configs = [("nmt", "fp32"), ("nmt", "bf16")]
+    if not args.no_ct2:
+        configs += [("ct2", "float32"), ("ct2", "int8")]
+    if args.hf_site and name in args.anchor_sections:
+        configs.append(("hf", "fp32"))
+    if args.fairseq_python and name in args.anchor_sections:
+        configs.append(("fairseq", "fp32"))
     results: dict[tuple[str, str], list[dict]] = {c: [] for c in configs}
     outputs = {c: WORK / f"{name}.{c[0]}.{c[1]}.out" for c in configs}
     for _ in range(args.repeat):
         for engine, prec in configs:
             if engine == "nmt":
                 r = run_job("nmt", precision=prec, output=str(outputs[engine, prec]), **common, **lengths)
+            elif engine in ANCHOR_SCRIPTS:
+                python = args.fairseq_python if engine == "fairseq" else sys.executable
+                r = run_anchor(engine, python, args.hf_site if engine == "hf" else None,
+                               {**common, **lengths, "output": str(outputs[engine, prec]),
+                                "fixed_len": None if trained else fixed_len})
             else:
                 r = run_job("ct2", compute_type=prec, output=str(outputs[engine, prec]), ct2_site=args.ct2_site,
                             ct2_dir=str(WORK / f"ct2_{name}"), max_decoding_length=ct2_len, **common)
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
-        label = f"{'nmt' if engine == 'nmt' else 'CTranslate2'} {prec}"
+        label = {"nmt": f"nmt {prec}", "ct2": f"CTranslate2 {prec}", "hf": "Hugging Face generate fp32",
+                 "fairseq": "fairseq SequenceGenerator fp32"}[engine]
         print(row(label, best(runs)))
     have = {c for c, runs in results.items() if any("error" not in r for r in runs)}
-    pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32"), ("nmt", "bf16"))]
+    pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32"), ("nmt", "bf16")),
+             (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32"))]
     for p, q in pairs:
         if p in have and q in have:
             print(f"  identical lines {p[0]} {p[1]} vs {q[0]} {q[1]}: {100 * agreement(outputs[p], outputs[q]):.1f}%")
@@ -315,6 +348,13 @@ def main() -> None:
     p.add_argument("--ct2-site", default=os.environ.get("NMT_BENCH_CT2_SITE"),
                    help="site-packages holding ctranslate2 if it is not importable here.")
     p.add_argument("--no-ct2", action="store_true")
+    p.add_argument("--hf-site", default=os.environ.get("NMT_BENCH_HF_SITE"),
+                   help="Directory holding `transformers` (pip install --target DIR transformers): adds the Hugging "
+                        "Face generate anchor (bench/hf_marian.py).")
+    p.add_argument("--fairseq-python", default=os.environ.get("NMT_BENCH_FAIRSEQ_PYTHON"),
+                   help="Python of an environment with fairseq: adds the fairseq anchor (bench/fairseq_gen.py).")
+    p.add_argument("--anchor-sections", default="small",
+                   help="Sections that also run the Hugging Face / fairseq anchors (they are slow on base).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=2000, help="Batch size of both engines (nmt's CPU default).")
     p.add_argument("--repeat", type=int, default=2, help="Runs per configuration (alternated); the best is shown.")

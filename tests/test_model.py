@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from nmt_cli.config import PRESETS, ModelConfig, preset
 from nmt_cli.errors import ConfigError
-from nmt_cli.model import Transformer, sinusoidal_positions
+from nmt_cli.model import Transformer, decode_attention, sinusoidal_positions
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 
 V = 50
@@ -214,3 +214,18 @@ def test_gradients_flow_to_all_parameters():
     loss.backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert missing == []
+
+
+def test_decode_attention_equals_sdpa_on_strided_cache_slices():
+    """The incremental-decoding attention (float32 over the cache's slices in place) equals PyTorch's SDPA."""
+    torch.manual_seed(0)
+    buffer = torch.randn(2, 6, 4, 16, 8)  # [2, R, H, capacity, K]: keys/values filled up to position 11
+    k, v = buffer[0, :, :, :11], buffer[1, :, :, :11]
+    q = torch.randn(6, 4, 2, 8)
+    mask = torch.rand(6, 1, 1, 11) > 0.3
+    mask[:, :, :, 0] = True  # every row may attend somewhere
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(decode_attention(q, k, v, mask), expected, atol=1e-6, rtol=1e-5)
+    out = decode_attention(q.bfloat16(), k, v, mask)  # bf16 model, float32 cache: bf16 out, float32 inside
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)

@@ -62,7 +62,8 @@ class LayerCache:
         end = self.length + k.size(2)
         if self.kv is None or end > self.kv.size(3):  # first step, or full: (re)allocate with doubled capacity
             capacity = max(16, end, 2 * (0 if self.kv is None else self.kv.size(3)))
-            self._buffers = [k.new_empty(2, k.size(0), k.size(1), capacity, k.size(3)) for _ in range(2)]
+            self._buffers = [k.new_empty(2, k.size(0), k.size(1), capacity, k.size(3), dtype=self.cross_k.dtype)
+                             for _ in range(2)]
             if self.kv is not None:
                 self._buffers[0][:, :, :, : self.length] = self.kv[:, :, :, : self.length]
             self.kv = self._buffers[0]
@@ -162,6 +163,22 @@ def _is_arange(index: Tensor) -> bool:
     return n == 0 or (int(index[-1]) == n - 1 and bool((index[1:] > index[:-1]).all()))
 
 
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(K) + mask) v for the few query positions of an incremental decoding step, in the
+    dtype of the cached k/v (float32 on CPU, whatever the model's precision).
+
+    q [B, H, Tq, K], k/v [B, H, S, K] (any strides with a unit last dimension: the cache's slices are used in
+    place), mask bool broadcastable to [B, H, Tq, S], True = may attend -> [B, H, Tq, K] in q's dtype.
+    scaled_dot_product_attention's CPU kernels are built for long queries: for Tq ~ 1 the flash kernel spends a
+    third of decoding time in per-block overhead and the math kernel copies q, k and v to float32 first; and the
+    CPU's bf16 batched products over strided cache slices are 2-3x slower than float32 ones (bench/translate.py).
+    """
+    scores = torch.matmul(q.to(k.dtype), k.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)  # [B, H, Tq, S]
+    if mask is not None:
+        scores.masked_fill_(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v).to(q.dtype)  # [B, H, Tq, K]
+
+
 def _attn_mask(pad_mask: Tensor | None) -> Tensor | None:
     """[B, S] True-at-padding -> [B, 1, 1, S] True-where-attending, as scaled_dot_product_attention wants."""
     return None if pad_mask is None else ~pad_mask[:, None, None, :]
@@ -212,6 +229,10 @@ class MultiHeadAttention(nn.Module):
                 if q.size(2) > 1:
                     t_new, t_all = q.size(2), k.size(2)
                     mask = torch.ones(t_new, t_all, dtype=torch.bool, device=x.device).tril(t_all - t_new)
+                if not x.is_cuda:
+                    out = decode_attention(q, k, v, mask)  # [B, H, T, K]
+                    b, _, t, _ = out.shape
+                    return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
                 is_causal = False
         elif cache is not None:
             return self._cross_cached(x, mask, cache)
@@ -230,7 +251,10 @@ class MultiHeadAttention(nn.Module):
         rows, t, d = x.shape
         n = cache.cross_k.size(0)
         q = self.q_proj(x).view(n, rows // n * t, self.h, self.d_k).transpose(1, 2)  # [N, H, beams*T, K]
-        out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)  # mask [N, 1, 1, S]
+        if x.is_cuda:  # mask [N, 1, 1, S]
+            out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)
+        else:
+            out = decode_attention(q, cache.cross_k, cache.cross_v, mask)
         return self.out_proj(out.transpose(1, 2).reshape(rows, t, d))
 
 
@@ -345,6 +369,8 @@ class Transformer(nn.Module):
         layers = []
         for layer in self.decoder_layers:
             k, v = layer.cross_attn.project_kv(memory)
+            if memory.device.type == "cpu":  # attention over the cache runs in float32 there (decode_attention)
+                k, v = k.float(), v.float()
             layers.append(LayerCache(k, v))
         return DecoderCache(layers, src_pad_mask, 0)
 

@@ -1,0 +1,341 @@
+"""Benchmark anchor: Hugging Face `generate` on the SAME weights as `nmt translate` (an nmt checkpoint converted
+to a `transformers` MarianMTModel in memory).
+
+    python bench/hf_marian.py CHECKPOINT INPUT OUTPUT [--hf-site DIR] [--threads 2] [--beam 4] [--lenpen 0.6]
+        [--max-len-a 1 --max-len-b 50 | --fixed-length L] [--batch-sentences 48] [-n N] [--check]
+
+prints one JSON line last: {"seconds", "sentences", "tgt_tokens", "peak_mb"} (seconds: the timed translation only,
+after a short warm-up; tgt_tokens: generated tokens including EOS; peak_mb: ru_maxrss / 1024).
+
+Install (`transformers` must stay OUT of the project venv; no second torch: transformers does not depend on it,
+and the venv already has huggingface-hub, numpy, packaging, pyyaml, regex, tqdm, typer):
+
+    .venv/bin/pip install --no-deps --target /tmp/hfsite transformers tokenizers safetensors
+
+then pass `--hf-site /tmp/hfsite` (the default); it is APPENDED to sys.path, so the venv's torch wins.
+Written against transformers 5.23.0.
+
+Conversion: Marian is the same architecture as nmt's default model (post-LN encoder-decoder, ReLU, embeddings
+scaled by sqrt(d_model), one matrix shared by source, target and output projection, sinusoidal positions, no
+layernorm_embedding). nmt's fused projections are split (self-attention qkv_proj [3D, D] -> q/k/v, cross-attention
+kv_proj [2D, D] -> k/v); final_logits_bias is zero. Positions differ: nmt interleaves sin (even dims) and cos (odd
+dims), Marian puts [sin half | cos half], so Marian's frozen positional tables are overwritten with nmt's after the
+model is built (nothing re-initialises them afterwards; `save_pretrained` would drop them, so the model is never
+saved, only rebuilt, which takes a second). Pre-LN (norm_first) and unshared-embedding checkpoints are refused.
+
+Search settings, chosen to mirror nmt's search: start token BOS (2), EOS 3, PAD 0; PAD and BOS are never generated
+(suppress_tokens); EOS is forced at the maximum length (forced_eos_token_id); a sentence ends when it holds `beam`
+finished hypotheses (early_stopping=True, fairseq's rule, as nmt). Differences that remain:
+  - Length penalty: HF's `length_penalty` is the fairseq form, score = sum log p / len ** alpha (len counts the
+    generated tokens with EOS), NOT nmt's default GNMT form ((5 + len) / 6) ** alpha. `nmt translate
+    --lenpen-form fairseq` is the comparable setting for output agreement; speed hardly depends on it.
+  - Maximum length: nmt allows a * source + b tokens per sentence; `generate` takes one limit per batch, so the
+    batch's longest source sets it (sources are sorted by length, so the batches are nearly uniform).
+  - Forced EOS: HF gives the forced EOS log-probability 0, nmt keeps the model's; only hypotheses that hit the
+    maximum length are scored differently.
+  - Finished sentences stay in HF's batch until the whole batch is done (nmt drops them).
+`--fixed-length L` (random-weight models that never choose EOS) makes every output exactly L tokens followed by a
+forced EOS (min_new_tokens L, max_new_tokens L + 1), i.e. L + 1 decoder steps and L + 1 counted tokens, as nmt's
+fixed-length protocol in bench/translate.py (max-len-a 0, max-len-b L + 1).
+
+`--check` first verifies the conversion on a few INPUT sentences: teacher-forced logits of the HF model against
+nmt's `model(src, tgt_in, src_pad_mask)` (max abs difference), greedy outputs token for token (one sentence at a
+time, so both use the same per-sentence maximum length), and, for information, beam outputs against nmt's beam
+search with the fairseq length penalty. It exits with status 1 if the logits or greedy outputs disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from nmt_cli import checkpoint
+from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
+from nmt_cli.model import Transformer, sinusoidal_positions
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig, LogitsProcessorList, MarianMTModel
+
+    from nmt_cli.checkpoint import Checkpoint
+    from nmt_cli.data.tokenizer import Tokenizer
+
+DEFAULT_HF_SITE = "/tmp/hfsite"
+DEFAULT_BATCH = 48  # sentences per generate() call: 32-64 is a plateau on 2 CPU threads (small model), 8-16 slower
+LOGIT_TOLERANCE = 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ conversion
+
+
+def to_marian(ck: Checkpoint) -> MarianMTModel:
+    """The checkpoint's Transformer as an equivalent MarianMTModel (fp32, eval mode)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    c = ck.model_config
+    if c.norm_first:
+        sys.exit("hf_marian: pre-LN (norm_first) checkpoints have no Marian equivalent (Marian is post-LN)")
+    if not c.share_embeddings:
+        sys.exit("hf_marian: only checkpoints with shared embeddings (one matrix) are supported")
+    config = MarianConfig(
+        vocab_size=c.vocab_size, decoder_vocab_size=c.vocab_size, d_model=c.d_model,
+        encoder_layers=c.encoder_layers, decoder_layers=c.decoder_layers,
+        encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
+        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu",
+        max_position_embeddings=c.max_positions, scale_embedding=True,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=None, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    )
+    hf = MarianMTModel(config).eval()  # built (and initialised) once; nothing re-initialises it afterwards
+    positions = sinusoidal_positions(c.max_positions, c.d_model)  # nmt's interleaved table replaces Marian's
+    hf.load_state_dict(marian_state_dict(ck.model_state, positions, hf.state_dict().keys()), strict=True)
+    for module in hf.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.eps = c.layer_norm_eps
+    shared = hf.model.shared.weight
+    assert hf.lm_head.weight.data_ptr() == shared.data_ptr(), "lm_head is not tied to the shared embeddings"
+    for side in (hf.model.encoder, hf.model.decoder):
+        assert torch.equal(side.embed_positions.weight, positions), "positional table was not replaced"
+    assert not hf.final_logits_bias.any()
+    return hf
+
+
+def marian_state_dict(nmt: dict[str, torch.Tensor], positions: torch.Tensor, keys: Iterable[str],
+                      ) -> dict[str, torch.Tensor]:
+    """nmt state dict -> MarianMTModel state dict with exactly `keys`; `positions` [P, D] for both sides."""
+    out: dict[str, torch.Tensor] = {}
+    used: set[str] = set()
+    d = positions.size(1)
+
+    def linear(dst: str, src: str, rows: slice = slice(None)) -> None:
+        for p in ("weight", "bias"):
+            out[f"{dst}.{p}"] = nmt[f"{src}.{p}"][rows]
+            used.add(f"{src}.{p}")
+
+    def norm(dst: str, src: str) -> None:
+        linear(dst, src)
+
+    q, k, v = slice(0, d), slice(d, 2 * d), slice(2 * d, 3 * d)
+    for side, prefix in (("encoder", "encoder_layers"), ("decoder", "decoder_layers")):
+        n_layers = len({key.split(".")[1] for key in nmt if key.startswith(prefix + ".")})
+        for i in range(n_layers):
+            theirs, mine = f"model.{side}.layers.{i}", f"{prefix}.{i}"
+            for name, rows in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+                linear(f"{theirs}.self_attn.{name}", f"{mine}.self_attn.qkv_proj", rows)
+            linear(f"{theirs}.self_attn.out_proj", f"{mine}.self_attn.out_proj")
+            norm(f"{theirs}.self_attn_layer_norm", f"{mine}.sub1.norm")
+            if side == "decoder":
+                linear(f"{theirs}.encoder_attn.q_proj", f"{mine}.cross_attn.q_proj")
+                linear(f"{theirs}.encoder_attn.k_proj", f"{mine}.cross_attn.kv_proj", slice(0, d))
+                linear(f"{theirs}.encoder_attn.v_proj", f"{mine}.cross_attn.kv_proj", slice(d, 2 * d))
+                linear(f"{theirs}.encoder_attn.out_proj", f"{mine}.cross_attn.out_proj")
+                norm(f"{theirs}.encoder_attn_layer_norm", f"{mine}.sub2.norm")
+            linear(f"{theirs}.fc1", f"{mine}.ffn.fc1")
+            linear(f"{theirs}.fc2", f"{mine}.ffn.fc2")
+            norm(f"{theirs}.final_layer_norm", f"{mine}.sub3.norm" if side == "decoder" else f"{mine}.sub2.norm")
+    embed = nmt["embed.weight"]
+    used.add("embed.weight")
+    for key in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                "lm_head.weight"):
+        out[key] = embed
+    keys = list(keys)
+    for key in keys:
+        if key.endswith("embed_positions.weight"):
+            out[key] = positions
+        elif key == "final_logits_bias":
+            out[key] = torch.zeros(1, embed.size(0))
+    missing, unused = set(keys) - set(out), set(nmt) - used
+    if missing or unused:
+        raise KeyError(f"conversion mismatch: Marian parameters without nmt weights {sorted(missing)[:5]}, "
+                       f"nmt weights not converted {sorted(unused)[:5]}")
+    return {key: out[key] for key in keys}
+
+
+# ------------------------------------------------------------------------------------------------ translation
+
+
+def encode(tok: Tokenizer, lines: list[str], max_positions: int) -> list[list[int]]:
+    """Source ids + EOS as nmt encodes them ([] for an empty line; truncated to the model's positions)."""
+    return [ids[: max_positions - 1] + [EOS_ID] if ids else [] for ids in tok.encode(lines)]
+
+
+def pad(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, S] and attention mask [B, S] (1 at tokens)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s)
+    return ids, (ids != PAD_ID).long()
+
+
+def generation_config(beam: int, lenpen: float, forced_eos: bool = True, **limits: int) -> GenerationConfig:
+    """generate() settings mirroring nmt's search; `limits` are max_new_tokens (and min_new_tokens)."""
+    from transformers import GenerationConfig
+
+    beam_only = {"length_penalty": lenpen, "early_stopping": True} if beam > 1 else {}
+    return GenerationConfig(
+        num_beams=beam, do_sample=False, num_return_sequences=1, use_cache=True, **beam_only, **limits,
+        decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
+        forced_eos_token_id=EOS_ID if forced_eos else None, suppress_tokens=[PAD_ID, BOS_ID],
+    )
+
+
+def nmt_forced_eos(max_new_tokens: int) -> LogitsProcessorList:
+    """nmt's rule at the maximum length: only EOS allowed, with the model's own log-probability (HF's
+    forced_eos_token_id gives it 0). Used by --check to show that the beam searches then agree."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    class ForceEosKeepScore(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if input_ids.size(1) == max_new_tokens:  # start token + max_new_tokens - 1 generated: the last step
+                eos = scores[:, EOS_ID].nan_to_num(neginf=-1e4)
+                scores = torch.full_like(scores, float("-inf"))
+                scores[:, EOS_ID] = eos
+            return scores
+
+    return LogitsProcessorList([ForceEosKeepScore()])
+
+
+def length_limits(longest_src: int, args: argparse.Namespace, max_positions: int) -> dict[str, int]:
+    """generate() length arguments for a batch whose longest source has `longest_src` tokens (EOS included)."""
+    if args.fixed_length is not None:
+        return {"min_new_tokens": args.fixed_length, "max_new_tokens": args.fixed_length + 1}
+    limit = int(longest_src * args.max_len_a) + args.max_len_b
+    return {"max_new_tokens": max(1, min(limit, max_positions))}
+
+
+def generated(row: torch.Tensor) -> list[int]:
+    """A generate() output row without the start token, up to and including EOS (no padding)."""
+    ids = row[1:].tolist()
+    return ids[: ids.index(EOS_ID) + 1] if EOS_ID in ids else [i for i in ids if i != PAD_ID]
+
+
+def translate(hf: MarianMTModel, sources: list[list[int]], args: argparse.Namespace) -> list[list[int]]:
+    """Generated ids (EOS included) per source, in input order; [] for empty sources."""
+    max_positions = hf.config.max_position_embeddings
+    order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: -len(sources[i]))
+    out: list[list[int]] = [[] for _ in sources]
+    for start in range(0, len(order), args.batch_sentences):
+        batch = order[start : start + args.batch_sentences]
+        ids, mask = pad([sources[i] for i in batch])
+        config = generation_config(args.beam, args.lenpen, **length_limits(ids.size(1), args, max_positions))
+        seqs = hf.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        for i, row in zip(batch, seqs, strict=True):
+            out[i] = generated(row)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ check
+
+
+def check(ck: Checkpoint, hf: MarianMTModel, lines: list[str], args: argparse.Namespace) -> bool:
+    """Teacher-forced logits and greedy outputs of the two models; beam agreement for information."""
+    from nmt_cli.search import SearchConfig, beam_search, greedy_search
+
+    nmt: Transformer = ck.build_model("cpu")
+    tok = ck.tokenizer_obj()
+    max_positions = ck.model_config.max_positions
+    sources = [s for s in encode(tok, lines[:64], max_positions) if s][:8]
+    targets = [[BOS_ID] + s[:-1] for s in sources[1:] + sources[:1]]  # some other sentence as target input
+    src, src_mask = pad(sources)
+    tgt_in, _ = pad(targets)
+    with torch.inference_mode():
+        ref = nmt(src, tgt_in, src_mask == 0)
+        got = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=tgt_in).logits
+    diff = float((ref - got).abs().max())
+    logits_ok = diff <= LOGIT_TOLERANCE
+    print(f"check: teacher-forced logits on {len(sources)} sentences [{tuple(ref.shape)}]: max abs difference "
+          f"{diff:.3g} (logits up to {float(ref.abs().max()):.3g}) -> {'OK' if logits_ok else 'MISMATCH'}")
+
+    def hf_search(s: list[int], beam: int, stock_eos: bool) -> list[int]:
+        """One sentence at a time: the same maximum length as nmt's for this sentence."""
+        ids, mask = pad([s])
+        limit = max(1, min(int(len(s) * args.max_len_a) + args.max_len_b, max_positions))
+        config = generation_config(beam, args.lenpen, forced_eos=stock_eos, max_new_tokens=limit)
+        processors = None if stock_eos else nmt_forced_eos(limit)
+        with torch.inference_mode():
+            row = hf.generate(input_ids=ids, attention_mask=mask, generation_config=config,
+                              logits_processor=processors)[0]
+        return [i for i in generated(row) if i != EOS_ID]
+
+    agree = {}
+    runs = [(1, True, "greedy"), (args.beam, True, f"beam {args.beam}, fairseq lp {args.lenpen}, stock forced EOS"),
+            (args.beam, False, f"beam {args.beam}, fairseq lp {args.lenpen}, nmt's forced EOS")]
+    for beam, stock_eos, label in runs if args.beam > 1 else runs[:1]:
+        cfg = SearchConfig(beam=beam, alpha=args.lenpen, lp="fairseq", max_len_a=args.max_len_a,
+                           max_len_b=args.max_len_b)
+        with torch.inference_mode():
+            mine = (greedy_search if beam == 1 else beam_search)(nmt, src, src_mask == 0, cfg)
+        theirs = [hf_search(s, beam, stock_eos) for s in sources]
+        agree[label] = sum(m[0].tokens == t for m, t in zip(mine, theirs, strict=True))
+        lengths = ", ".join(str(len(t)) for t in theirs)
+        print(f"check: {label}: {agree[label]}/{len(sources)} outputs identical to nmt's token for token "
+              f"(HF output lengths {lengths})")
+    return logits_ok and agree["greedy"] == len(sources)
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def read_lines(path: Path, n: int | None) -> list[str]:
+    lines = path.read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines[:n] if n else lines
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", type=Path, help="An nmt checkpoint (post-LN, shared embeddings).")
+    p.add_argument("input", type=Path, help="Raw text, one sentence per line.")
+    p.add_argument("output", type=Path, help="Translations, one line per input line.")
+    p.add_argument("--hf-site", default=DEFAULT_HF_SITE, help="Directory holding transformers (appended to sys.path).")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads.")
+    p.add_argument("--beam", type=int, default=4, help="num_beams; 1 is greedy search.")
+    p.add_argument("--lenpen", type=float, default=0.6, help="HF length_penalty (fairseq form: score / len^alpha).")
+    p.add_argument("--max-len-a", type=float, default=1.0, help="Max new tokens = a * longest source + b (per batch).")
+    p.add_argument("--max-len-b", type=int, default=50)
+    p.add_argument("--fixed-length", type=int, default=None, metavar="L",
+                   help="Every output exactly L tokens + forced EOS (random-weight models); overrides max-len.")
+    p.add_argument("--batch-sentences", type=int, default=DEFAULT_BATCH, help="Sentences per generate() call.")
+    p.add_argument("-n", type=int, default=None, help="Translate only the first N input lines.")
+    p.add_argument("--check", action="store_true", help="Verify the conversion against nmt before translating.")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.hf_site:
+        sys.path.append(args.hf_site)
+    torch.set_num_threads(args.threads)
+    ck = checkpoint.load(args.checkpoint)
+    hf = to_marian(ck)
+    lines = read_lines(args.input, args.n)
+    if args.check and not check(ck, hf, lines, args):
+        sys.exit("hf_marian: the converted model does not reproduce nmt's outputs")
+    tok = ck.tokenizer_obj()
+    sources = encode(tok, lines, ck.model_config.max_positions)
+    with torch.inference_mode():
+        translate(hf, [s for s in sources if s][:16], args)  # warm-up
+        start = time.perf_counter()
+        outputs = translate(hf, sources, args)
+        seconds = time.perf_counter() - start
+    texts = tok.decode(outputs)
+    args.output.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+    result: dict[str, Any] = {
+        "seconds": seconds, "sentences": len(lines), "tgt_tokens": sum(len(o) for o in outputs),
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
