@@ -2,13 +2,17 @@
 
     python bench/translate.py                       # everything (the base section on all 3003 lines is slow)
     python bench/translate.py --small-checkpoint runs/multi30k/checkpoint_best.pt   # a trained small model
-    python bench/translate.py --ct2-site /tmp/ct2venv/lib/python3.11/site-packages  # where ctranslate2 lives
+    python bench/translate.py --ct2-site /tmp/ct2site           # where ctranslate2 lives (pip install --target)
     python bench/translate.py --sections small --repeat 3
+    python bench/translate.py --sections small --small-checkpoint runs/multi30k/run/averaged.pt \
+        --ct2-site /tmp/ct2site --hf-site /tmp/hfsite --fairseq-python /tmp/fsvenv/bin/python   # every anchor
 
 Sections:
   small   d_model 256, 3+3 layers, 8k BPE vocabulary (Multi30k), on Multi30k test (1000 lines), beam 4:
           nmt fp32 / bf16 and CTranslate2 fp32 / int8 on the same weights, alternated in one run; agreement of the
-          two engines' outputs (same weights, same search settings) checks the beam search itself.
+          two engines' outputs (same weights, same search settings) checks the beam search itself. With
+          --hf-site / --fairseq-python also Hugging Face generate (bench/hf_marian.py) and fairseq's
+          SequenceGenerator (bench/fairseq_gen.py) on the same weights (--anchor-sections picks the sections).
   base    the paper's base model (random weights, 32k BPE vocabulary) on newstest2014 en (3003 lines), beam 4.
   stream  peak memory and time to the first output line of `nmt translate` on a generated N-line input.
 
@@ -35,8 +39,8 @@ WORK = ROOT / "runs" / "bench_translate"
 MULTI30K = DATA / "multi30k"
 NEWSTEST = DATA / "wmt14_newstest_ende"
 
-# Quoted from the issue (measured on this machine type for a trained small Multi30k model, 2 threads, beam 4);
-# not re-measured here (fairseq is not installed).
+# Quoted from the issue (a trained small Multi30k model, 2 threads, beam 4, on one of the machines it was measured
+# on); --hf-site / --fairseq-python measure the anchors in the same run instead.
 QUOTED = "fairseq-generate ~80 sent/s, CTranslate2 fp32 ~100-120, CTranslate2 int8 ~165 (trained small model)"
 
 
@@ -371,7 +375,8 @@ def main() -> None:
     args.lines = {"base": args.base_lines}
     sections = args.sections.split(",")
     print(f"nmt translate benchmark: {args.threads} threads, beam 4, alpha 0.6 (GNMT form); {os.cpu_count()} CPUs")
-    print(f"reference figures quoted from the issue, not measured here: {QUOTED}\n")
+    anchors = "measured below" if (args.hf_site or args.fairseq_python) else "not measured: see --hf-site/--fairseq-python"
+    print(f"figures quoted from the issue: {QUOTED}; Hugging Face / fairseq anchors: {anchors}\n")
     if "small" in sections:
         ckpt = args.small_checkpoint or make_random_checkpoint(
             WORK / "small_random.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
