@@ -157,29 +157,31 @@ def load_nmt_weights(fs, ck) -> None:
     if not c.share_embeddings:
         put("decoder.embed_tokens.weight", w["tgt_embed.weight"])
         put("decoder.output_projection.weight", w["out_proj.weight"])
-    for i in range(c.encoder_layers):
-        fl, nl = f"encoder.layers.{i}", f"encoder_layers.{i}"
+
+    def self_attention(fl: str, nl: str) -> None:  # fairseq layer `fl` <- nmt layer `nl`: fused qkv split in 3
         for proj, rows in zip("qkv", thirds, strict=True):
             linear(f"{fl}.self_attn.{proj}_proj", f"{nl}.self_attn.qkv_proj", rows)
         linear(f"{fl}.self_attn.out_proj", f"{nl}.self_attn.out_proj")
         norm(f"{fl}.self_attn_layer_norm", f"{nl}.sub1.norm")
+
+    def ffn(fl: str, nl: str, sublayer: str) -> None:
         linear(f"{fl}.fc1", f"{nl}.ffn.fc1")
         linear(f"{fl}.fc2", f"{nl}.ffn.fc2")
-        norm(f"{fl}.final_layer_norm", f"{nl}.sub2.norm")
+        norm(f"{fl}.final_layer_norm", f"{nl}.{sublayer}.norm")
+
+    for i in range(c.encoder_layers):
+        fl, nl = f"encoder.layers.{i}", f"encoder_layers.{i}"
+        self_attention(fl, nl)
+        ffn(fl, nl, "sub2")
     for i in range(c.decoder_layers):
         fl, nl = f"decoder.layers.{i}", f"decoder_layers.{i}"
-        for proj, rows in zip("qkv", thirds, strict=True):
-            linear(f"{fl}.self_attn.{proj}_proj", f"{nl}.self_attn.qkv_proj", rows)
-        linear(f"{fl}.self_attn.out_proj", f"{nl}.self_attn.out_proj")
-        norm(f"{fl}.self_attn_layer_norm", f"{nl}.sub1.norm")
+        self_attention(fl, nl)
         linear(f"{fl}.encoder_attn.q_proj", f"{nl}.cross_attn.q_proj")
         linear(f"{fl}.encoder_attn.k_proj", f"{nl}.cross_attn.kv_proj", thirds[0])
         linear(f"{fl}.encoder_attn.v_proj", f"{nl}.cross_attn.kv_proj", thirds[1])
         linear(f"{fl}.encoder_attn.out_proj", f"{nl}.cross_attn.out_proj")
         norm(f"{fl}.encoder_attn_layer_norm", f"{nl}.sub2.norm")
-        linear(f"{fl}.fc1", f"{nl}.ffn.fc1")
-        linear(f"{fl}.fc2", f"{nl}.ffn.fc2")
-        norm(f"{fl}.final_layer_norm", f"{nl}.sub3.norm")
+        ffn(fl, nl, "sub3")
     if c.norm_first:
         norm("encoder.layer_norm", "encoder_norm")
         norm("decoder.layer_norm", "decoder_norm")
