@@ -171,7 +171,8 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
     place), mask bool broadcastable to [B, H, Tq, S], True = may attend -> [B, H, Tq, K] in q's dtype.
     scaled_dot_product_attention's CPU kernels are built for long queries: for Tq ~ 1 the flash kernel spends a
     third of decoding time in per-block overhead and the math kernel copies q, k and v to float32 first; and the
-    CPU's bf16 batched products over strided cache slices are 2-3x slower than float32 ones (bench/translate.py).
+    CPU's bf16 batched products over strided cache slices are 2-3x slower than float32 ones (measured on a
+    2-core AVX512-BF16 CPU; docs/results.md has the end-to-end effect).
     """
     scores = torch.matmul(q.to(k.dtype), k.transpose(-2, -1)).mul_(q.size(-1) ** -0.5)  # [B, H, Tq, S]
     if mask is not None:
@@ -229,7 +230,7 @@ class MultiHeadAttention(nn.Module):
                 if q.size(2) > 1:
                     t_new, t_all = q.size(2), k.size(2)
                     mask = torch.ones(t_new, t_all, dtype=torch.bool, device=x.device).tril(t_all - t_new)
-                if not x.is_cuda:
+                if x.device.type == "cpu":  # (as init_cache: float32 caches on CPU)
                     out = decode_attention(q, k, v, mask)  # [B, H, T, K]
                     b, _, t, _ = out.shape
                     return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
@@ -251,10 +252,10 @@ class MultiHeadAttention(nn.Module):
         rows, t, d = x.shape
         n = cache.cross_k.size(0)
         q = self.q_proj(x).view(n, rows // n * t, self.h, self.d_k).transpose(1, 2)  # [N, H, beams*T, K]
-        if x.is_cuda:  # mask [N, 1, 1, S]
-            out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)
-        else:
+        if x.device.type == "cpu":  # mask [N, 1, 1, S]
             out = decode_attention(q, cache.cross_k, cache.cross_v, mask)
+        else:
+            out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)
         return self.out_proj(out.transpose(1, 2).reshape(rows, t, d))
 
 
