@@ -68,19 +68,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from translate import read_lines  # noqa: E402  (bench/translate.py, beside this script)
+
 from nmt_cli import checkpoint as nmt_checkpoint  # noqa: E402
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
 from nmt_cli.model import sinusoidal_positions  # noqa: E402
+from nmt_cli.translate import TranslateConfig, length_batches  # noqa: E402
 
-MAX_SENTENCES = 512  # nmt translate's default sentences per batch
+MAX_SENTENCES = TranslateConfig().max_sentences  # nmt translate's default sentences per batch
 WARMUP_LINES = 32
 CHECK_SENTENCES = 16
-
-
-def read_lines(path: Path, n: int | None = None) -> list[str]:
-    with open(path, encoding="utf-8") as f:
-        lines = [line.rstrip("\n").rstrip("\r") for line in f]
-    return lines[:n] if n else lines
 
 
 # ------------------------------------------------------------------------------------------ model conversion
@@ -211,23 +208,6 @@ def encode(sp, lines: list[str], max_positions: int) -> list[list[int]]:
     return out
 
 
-def batches(sources: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """nmt translate's batching: non-empty sources longest first, <= max_tokens padded tokens and <= 512
-    sentences per batch."""
-    order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: -len(sources[i]))
-    out: list[list[int]] = []
-    batch: list[int] = []
-    for i in order:
-        width = len(sources[batch[0]]) if batch else len(sources[i])
-        if batch and ((len(batch) + 1) * width > max_tokens or len(batch) >= MAX_SENTENCES):
-            out.append(batch)
-            batch = []
-        batch.append(i)
-    if batch:
-        out.append(batch)
-    return out
-
-
 def left_padded(seqs: list[list[int]]) -> torch.Tensor:
     """[B, S] ids, left-padded with PAD as fairseq-generate feeds sources."""
     width = max(len(s) for s in seqs)
@@ -253,7 +233,7 @@ def make_generator(model, dictionary, args, beam: int | None = None, min_len: in
 def generate(generator, model, sources: list[list[int]], max_tokens: int) -> list[list[int]]:
     """Best hypothesis per source (ids with EOS, [] for an empty source), in input order."""
     results: list[list[int]] = [[] for _ in sources]
-    for batch in batches(sources, max_tokens):
+    for batch in length_batches(sources, max_tokens, MAX_SENTENCES):
         src = left_padded([sources[i] for i in batch])
         lengths = torch.tensor([len(sources[i]) for i in batch], dtype=torch.long)
         sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}}

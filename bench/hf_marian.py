@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from translate import read_lines  # bench/translate.py, beside this script
 
 from nmt_cli import checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
@@ -283,13 +284,6 @@ def check(ck: Checkpoint, hf: MarianMTModel, lines: list[str], args: argparse.Na
 
 
 # ------------------------------------------------------------------------------------------------ main
-
-
-def read_lines(path: Path, n: int | None) -> list[str]:
-    lines = path.read_text(encoding="utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return lines[:n] if n else lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -137,6 +137,21 @@ def load_checkpoints(models: Iterable[str | Path], average_last: int | None = No
     return out
 
 
+def length_batches(sources: list[list[int]], max_tokens: int, max_sentences: int) -> Iterator[list[int]]:
+    """Indices of the non-empty `sources`, longest first, in batches of at most `max_tokens` padded tokens and
+    `max_sentences` sentences (a longer single sentence is a batch of its own)."""
+    order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: -len(sources[i]))
+    batch: list[int] = []
+    for i in order:
+        width = len(sources[batch[0]]) if batch else len(sources[i])
+        if batch and ((len(batch) + 1) * width > max_tokens or len(batch) >= max_sentences):
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
+
+
 class Translator:
     """A model (or ensemble) with its tokenizer: translates lists of raw lines."""
 
@@ -167,16 +182,7 @@ class Translator:
 
     def batches(self, sources: list[list[int]]) -> Iterator[list[int]]:
         """Indices of non-empty sources, longest first, in batches of <= max_tokens padded tokens."""
-        order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: -len(sources[i]))
-        batch: list[int] = []
-        for i in order:
-            width = len(sources[batch[0]]) if batch else len(sources[i])
-            if batch and ((len(batch) + 1) * width > self.config.max_tokens or len(batch) >= self.config.max_sentences):
-                yield batch
-                batch = []
-            batch.append(i)
-        if batch:
-            yield batch
+        return length_batches(sources, self.config.max_tokens, self.config.max_sentences)
 
     def _tensor(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ids [B, S] and padding mask [B, S] (True at padding)."""
