@@ -123,6 +123,30 @@ def test_length_penalty_changes_the_winner_exactly_at_the_formula_crossover(form
         assert by_tokens[(B, B, B)] == pytest.approx(long / length_penalty(4, alpha, form), abs=1e-6)
 
 
+def test_stop_top_ends_a_sentence_when_its_best_candidate_ends():
+    # GARDEN_PATH, beam 2: at step 2 the best candidate is [B] EOS (0.36): "top" stops there, "beam" goes on to
+    # finish a second hypothesis ([A, A] at step 3) and computes more decoder rows.
+    runs = {}
+    for stop in ("beam", "top"):
+        model = ScriptedModel(GARDEN_PATH)
+        hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.0, stop=stop))[0]
+        runs[stop] = (hyps[0].tokens, model.calls)
+    assert runs["beam"][0] == runs["top"][0] == [B]
+    assert runs["top"][1] == 2 + 2 and runs["beam"][1] == 2 + 2 + 2  # rows: 2 beams x (2 vs 3) steps
+    # The rule is the OpenNMT-py/CTranslate2 one, not an exact bound: with a strong length penalty the longer
+    # [B, B, B] wins a full beam, but "top" has stopped when [A] EOS (0.55) led at step 2.
+    model = ScriptedModel(_short_vs_long(0.55))
+    full = beam_search(model, *_src(20), SearchConfig(beam=2, alpha=3.0, stop="beam"))[0][0]
+    early = beam_search(model, *_src(20), SearchConfig(beam=2, alpha=3.0, stop="top"))[0][0]
+    assert (full.tokens, early.tokens) == ([B, B, B], [A])
+
+
+def test_stop_top_waits_for_nbest_hypotheses():
+    model = ScriptedModel(GARDEN_PATH)
+    hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.0, nbest=2, stop="top"))[0]
+    assert [h.tokens for h in hyps] == [[B], [A, A]]
+
+
 def test_sentences_finish_independently_and_leave_the_batch():
     script = {**GARDEN_PATH, **_short_vs_long(0.9)}
     script.update({(30, ()): {A: 1.0}, **{(30, (A,) * n): {A: 1.0} for n in range(1, 12)}})  # runs to max length
@@ -150,7 +174,7 @@ def test_max_output_length_is_source_plus_50_capped_by_the_model():
     assert max_output_lengths(src == PAD_ID, src, SearchConfig(), limit=30).tolist() == [30, 30]
 
 
-@pytest.mark.parametrize("bad", [dict(beam=0), dict(nbest=5), dict(lp="x"), dict(alpha=-1.0)])
+@pytest.mark.parametrize("bad", [dict(beam=0), dict(nbest=5), dict(lp="x"), dict(alpha=-1.0), dict(stop="x")])
 def test_bad_search_settings_are_config_errors(bad):
     with pytest.raises(ConfigError):
         SearchConfig(**bad).validate()
@@ -191,11 +215,11 @@ def test_beam_1_equals_greedy():
     assert search(model, src, mask, cfg) == greedy
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_cache_equals_no_cache(beam):
+@pytest.mark.parametrize("beam,stop", [(1, "beam"), (4, "beam"), (4, "top")])
+def test_cache_equals_no_cache(beam, stop):
     model = tiny(seed=2)
     src, mask, _ = mixed_batch(6, seed=3)
-    cfg = SearchConfig(beam=beam, nbest=beam, **SHORT)
+    cfg = SearchConfig(beam=beam, nbest=beam, stop=stop, **SHORT)
     cached = search(model, src, mask, cfg)
     full = search(model, src, mask, dataclasses.replace(cfg, use_cache=False))
     for c, f in zip(cached, full, strict=True):
@@ -203,11 +227,11 @@ def test_cache_equals_no_cache(beam):
         assert [h.score for h in c] == pytest.approx([h.score for h in f], abs=1e-4)
 
 
-@pytest.mark.parametrize("beam", [1, 4])
-def test_sentence_alone_equals_sentence_in_a_large_mixed_batch(beam):
+@pytest.mark.parametrize("beam,stop", [(1, "beam"), (4, "beam"), (4, "top")])
+def test_sentence_alone_equals_sentence_in_a_large_mixed_batch(beam, stop):
     model = tiny(seed=4)
     src, mask, seqs = mixed_batch(40, seed=5)
-    cfg = SearchConfig(beam=beam, nbest=min(beam, 2), **SHORT)
+    cfg = SearchConfig(beam=beam, nbest=min(beam, 2), stop=stop, **SHORT)
     batched = search(model, src, mask, cfg)
     for i in range(0, 40, 7):
         alone_src = torch.tensor([seqs[i]])

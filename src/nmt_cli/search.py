@@ -11,6 +11,8 @@ Every step computes next-token log-probabilities for all rows at once, picks the
 candidates per sentence over K x V, finalizes the end-of-sentence candidates among the first K, and continues with
 the K best others (fairseq's scheme). A sentence is done when it holds K finished hypotheses or reaches its maximum
 length (where EOS is forced); done sentences leave the batch through `cache.reorder`, so no work is spent on them.
+With `stop="top"` a sentence is done earlier: once the best-ranked candidate of a step has been EOS and `nbest`
+hypotheses have finished (the rule of OpenNMT-py and CTranslate2).
 
 Scores: `score = sum(log p) / lp(len)`, where `len` counts the generated tokens including EOS (not BOS) and
 `lp` is the GNMT form `((5 + len) / 6) ** alpha` or the fairseq form `len ** alpha`.
@@ -28,6 +30,7 @@ from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.errors import ConfigError
 
 LENGTH_PENALTIES = ("gnmt", "fairseq")
+STOP_RULES = ("beam", "top")
 
 
 @dataclass
@@ -40,6 +43,7 @@ class SearchConfig:
     max_len_a: float = 1.0  # maximum output tokens = a * source tokens + b (both counting EOS)
     max_len_b: int = 50
     nbest: int = 1  # hypotheses returned per sentence (at most `beam`)
+    stop: str = "beam"  # "beam": done when `beam` hypotheses ended (fairseq); "top": when the top candidate ended
     use_cache: bool = True  # incremental decoding; False re-runs the decoder on the whole prefix (tests)
 
     def validate(self) -> SearchConfig:
@@ -49,6 +53,8 @@ class SearchConfig:
             raise ConfigError(f"nbest must be between 1 and the beam size ({self.beam}), got {self.nbest}")
         if self.lp not in LENGTH_PENALTIES:
             raise ConfigError(f"unknown length penalty form {self.lp!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
+        if self.stop not in STOP_RULES:
+            raise ConfigError(f"unknown stop rule {self.stop!r}; choose one of {', '.join(STOP_RULES)}")
         if self.alpha < 0:
             raise ConfigError(f"length penalty alpha must be >= 0, got {self.alpha}")
         if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b == 0):
@@ -200,6 +206,7 @@ class _BeamState:
         self.scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
         self.sentence = torch.arange(batch, device=device)  # original index of each unfinished sentence [N]
         self.max_len = max_len  # [N]
+        self.top_ended = torch.zeros(batch, dtype=torch.bool, device=device)  # a step's best candidate was EOS [N]
         self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
 
     @property
@@ -217,12 +224,17 @@ def _candidates(state: _BeamState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tens
 
 
 def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, cfg: SearchConfig) -> Tensor:
-    """Record EOS candidates ranked within the first K; return which sentences are done [N] (bool)."""
+    """Record EOS candidates ranked within the first K; return which sentences are done [N] (bool).
+
+    Done: K hypotheses finished, or the maximum length reached; with `cfg.stop == "top"` also once a step's
+    best candidate was EOS (state.top_ended) and `cfg.nbest` hypotheses have finished."""
     k = state.beam
     done = state.max_len <= t + 1
     eos = (tokens[:, :k] == EOS_ID) & torch.isfinite(scores[:, :k])  # [N, K]
     if not bool(eos.any()):
         return done
+    if cfg.stop == "top":
+        state.top_ended |= eos[:, 0]
     penalty = length_penalty(t + 1, cfg.alpha, cfg.lp)
     where = eos.nonzero()  # [E, 2] (sentence row, candidate rank), sentence-major, best first
     rows = where[:, 0] * k + beams[where[:, 0], where[:, 1]]
@@ -233,6 +245,10 @@ def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: 
         if len(finished) < k:
             finished.append(Hypothesis(prefix, lp_sum / penalty, lp_sum))
             if len(finished) == k:
+                done[n] = True
+    if cfg.stop == "top":
+        for n in state.top_ended.nonzero().squeeze(1).tolist():
+            if len(state.finished[int(state.sentence[n])]) >= cfg.nbest:
                 done[n] = True
     return done
 
@@ -248,7 +264,7 @@ def _advance(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: T
     state.tokens = state.tokens.index_select(0, rows)
     state.tokens[:, t + 1] = tokens[keep].gather(1, order).view(-1)
     state.scores = scores[keep].gather(1, order)
-    state.sentence, state.max_len = state.sentence[keep], state.max_len[keep]
+    state.sentence, state.max_len, state.top_ended = state.sentence[keep], state.max_len[keep], state.top_ended[keep]
     return rows
 
 

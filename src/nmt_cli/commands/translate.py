@@ -42,6 +42,11 @@ class LengthPenalty(str, Enum):
     fairseq = "fairseq"
 
 
+class Stop(str, Enum):
+    beam = "beam"
+    top = "top"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("translate", help=_HELP, epilog=_EPILOG)
     def translate(
@@ -63,6 +68,11 @@ def register(app: typer.Typer) -> None:
         lenpen: float = typer.Option(0.6, "--lenpen", "--alpha", min=0.0, help="Length penalty exponent alpha."),
         lenpen_form: LengthPenalty = typer.Option(
             LengthPenalty.gnmt, "--lenpen-form", help="gnmt: ((5+len)/6)^alpha; fairseq: len^alpha."
+        ),
+        stop: Stop = typer.Option(
+            Stop.beam, "--stop",
+            help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq); top: once the "
+                 "best-ranked candidate has ended (OpenNMT-py, CTranslate2; fewer steps).",
         ),
         max_len_a: float = typer.Option(1.0, "--max-len-a", min=0.0, help="Max output tokens = a * source + b."),
         max_len_b: int = typer.Option(50, "--max-len-b", min=0, help="Max output tokens = a * source + b."),
@@ -90,7 +100,7 @@ def register(app: typer.Typer) -> None:
         core.set_threads(threads)
         config = core.TranslateConfig(
             search=SearchConfig(beam=beam, alpha=lenpen, lp=lenpen_form.value, max_len_a=max_len_a,
-                                max_len_b=max_len_b),
+                                max_len_b=max_len_b, stop=stop.value),
             buffer_size=buffer_size, max_tokens=max_tokens, nbest=nbest, scores=scores,
         )
         warn = core.Warner(_warn_line)
