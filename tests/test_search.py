@@ -132,7 +132,8 @@ def test_stop_top_ends_a_sentence_when_its_best_candidate_ends():
         hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.0, stop=stop))[0]
         runs[stop] = (hyps[0].tokens, model.calls)
     assert runs["beam"][0] == runs["top"][0] == [B]
-    assert runs["top"][1] == 2 + 2 and runs["beam"][1] == 2 + 2 + 2  # rows: 2 beams x (2 vs 3) steps
+    # Decoder rows: the first step decodes one row per sentence, later steps 2 (the beams): 2 vs 3 steps.
+    assert runs["top"][1] == 1 + 2 and runs["beam"][1] == 1 + 2 + 2
     # The rule is the OpenNMT-py/CTranslate2 one, not an exact bound: with a strong length penalty the longer
     # [B, B, B] wins a full beam, but "top" has stopped when [A] EOS (0.55) led at step 2.
     model = ScriptedModel(_short_vs_long(0.55))

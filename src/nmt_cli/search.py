@@ -277,10 +277,13 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
     memory, max_len, longest = _start(model, src, src_pad_mask, cfg)
     batch, k = src.size(0), cfg.beam
     stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
-    stepper.repeat_beams(batch, k, src.device)  # K rows per sentence
     state = _BeamState(batch, k, longest, max_len, src.device)
     for t in range(longest):
-        lprobs = stepper.log_probs(state.tokens[:, : t + 1])  # [N*K, V]
+        if t == 0:  # all K beams of a sentence start identical: decode one row each, then make it K rows
+            lprobs = stepper.log_probs(state.tokens[::k, :1]).repeat_interleave(k, dim=0)  # [N*K, V]
+            stepper.repeat_beams(batch, k, src.device)
+        else:
+            lprobs = stepper.log_probs(state.tokens[:, : t + 1])  # [N*K, V]
         _mask_special(lprobs, (state.max_len <= t + 1).repeat_interleave(k))
         scores, beams, tokens = _candidates(state, lprobs)
         done = _finalize(state, t, scores, beams, tokens, cfg)
