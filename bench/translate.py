@@ -9,8 +9,9 @@
 
 Sections:
   small   d_model 256, 3+3 layers, 8k BPE vocabulary (Multi30k), on Multi30k test (1000 lines), beam 4:
-          nmt fp32 / bf16 and CTranslate2 fp32 / int8 on the same weights, alternated in one run; agreement of the
-          two engines' outputs (same weights, same search settings) checks the beam search itself. With
+          nmt fp32 / bf16 (and fp32 with --stop top, CTranslate2's stopping rule) and CTranslate2 fp32 / int8 on
+          the same weights, alternated in one run; agreement of the two engines' outputs (same weights, same
+          search settings) checks the beam search itself. With
           --hf-site / --fairseq-python also Hugging Face generate (bench/hf_marian.py) and fairseq's
           SequenceGenerator (bench/fairseq_gen.py) on the same weights (--anchor-sections picks the sections).
   base    the paper's base model (random weights, 32k BPE vocabulary) on newstest2014 en (3003 lines), beam 4.
@@ -165,9 +166,10 @@ def job_nmt(a: dict) -> dict:
 
     torch.set_num_threads(a["threads"])
     lines = read_lines(Path(a["input"]), a.get("n"))
-    search = SearchConfig(beam=a["beam"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"])
+    precision, _, stop = a["precision"].partition("-")  # "fp32-top": fp32 with --stop top
+    search = SearchConfig(beam=a["beam"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"], stop=stop or "beam")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines))
-    tr = Translator(load_checkpoints([a["checkpoint"]]), "cpu", a["precision"], config)
+    tr = Translator(load_checkpoints([a["checkpoint"]]), "cpu", precision, config)
     tr.translate(lines[:32])  # warm-up
     tr.src_tokens = tr.tgt_tokens = 0
     start = time.perf_counter()
@@ -305,7 +307,7 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
         lengths = dict(max_len_a=0.0, max_len_b=fixed_len + 1)
         ct2_len = fixed_len
         print(f"{name}: RANDOM weights, FIXED output length {fixed_len} tokens (+EOS for nmt)")
-    configs = [("nmt", "fp32"), ("nmt", "bf16")]
+    configs = [("nmt", prec) for prec in args.nmt.split(",")]
     if not args.no_ct2:
         configs += [("ct2", "float32"), ("ct2", "int8")]
     if args.hf_site and name in args.anchor_sections:
@@ -328,11 +330,12 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
                             ct2_dir=str(WORK / f"ct2_{name}"), max_decoding_length=ct2_len, **common)
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
-        label = {"nmt": f"nmt {prec}", "ct2": f"CTranslate2 {prec}", "hf": "Hugging Face generate fp32",
+        label = {"nmt": f"nmt {prec.replace('-top', ' --stop top')}", "ct2": f"CTranslate2 {prec}", "hf": "Hugging Face generate fp32",
                  "fairseq": "fairseq SequenceGenerator fp32"}[engine]
         print(row(label, best(runs)))
     have = {c for c, runs in results.items() if any("error" not in r for r in runs)}
-    pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32"), ("nmt", "bf16")),
+    pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32-top"), ("ct2", "float32")),
+             (("nmt", "fp32"), ("nmt", "fp32-top")), (("nmt", "fp32"), ("nmt", "bf16")),
              (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32"))]
     for p, q in pairs:
         if p in have and q in have:
@@ -359,6 +362,9 @@ def main() -> None:
                    help="Python of an environment with fairseq: adds the fairseq anchor (bench/fairseq_gen.py).")
     p.add_argument("--anchor-sections", default="small",
                    help="Sections that also run the Hugging Face / fairseq anchors (they are slow on base).")
+    p.add_argument("--nmt", default="fp32,fp32-top,bf16",
+                   help="nmt configurations: precisions, '-top' adds --stop top (CTranslate2's stopping rule; "
+                        "fairseq and Hugging Face stop as nmt's default).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=2000, help="Batch size of both engines (nmt's CPU default).")
     p.add_argument("--repeat", type=int, default=2, help="Runs per configuration (alternated); the best is shown.")
