@@ -27,6 +27,7 @@ from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, search
 from nmt_cli.training import checkpoints as training_ckpts
+from nmt_cli.training.runtime import cpu_has_fast_bf16
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -163,6 +164,9 @@ class Translator:
         if self.config.max_tokens is None:
             self.config = dataclasses.replace(self.config, max_tokens=DEFAULT_MAX_TOKENS.get(self.device.type, 6000))
         self.warn = warn or Warner()
+        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not cpu_has_fast_bf16():
+            self.warn("slow bf16", "this CPU has no native bf16 (AMX or AVX512-BF16): bf16 runs slower than fp32 "
+                                   "here (about 4x for matrix products); use --precision fp32")
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
         self.model = models[0] if len(models) == 1 else Ensemble(models)
