@@ -11,16 +11,20 @@ DEMO_MINUTES ?= 4.5
 install: $(VENV)/.installed
 
 # A CPU machine must never pull the CUDA wheels: install torch==2.13.0 (the CPU build on disk) first where no
-# torch is present. A machine whose python already has a (CUDA) torch keeps it, through system site-packages.
+# torch is present. A machine whose python already has a (CUDA) torch keeps it, through system site-packages;
+# when that python is itself a virtual environment (whose packages a nested venv does not see), a .pth file
+# puts its site-packages on the new environment's path.
 $(VENV)/.installed: pyproject.toml
 	@if $(PY) -c "import torch" >/dev/null 2>&1; then \
 		echo "using the torch already installed for $(PY)"; \
 		test -x $(BIN)/python || $(PY) -m venv --system-site-packages $(VENV); \
+		$(BIN)/python -c "import torch" >/dev/null 2>&1 || $(PY) -c "import site; print('\n'.join(site.getsitepackages()))" \
+			> "$$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/_nmt_parent_site.pth"; \
 	else \
 		test -x $(BIN)/python || $(PY) -m venv $(VENV); \
 		$(BIN)/python -c "import torch" >/dev/null 2>&1 || $(BIN)/pip install -q torch==2.13.0; \
 	fi
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[test]'
 	@touch $@
 
 test: install
@@ -30,6 +34,7 @@ test-all: install
 	$(BIN)/python -m pytest -m ""
 
 lint: install
+	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/ruff check src tests bench
 
 demo: install

@@ -2,13 +2,17 @@
 # Real-data quality benchmark (issue 7): Multi30k en->de on this machine under a fixed wall-time budget.
 #   prepare (8000 joint BPE) -> train a small model for exactly $MINUTES minutes -> average the last $AVG
 #   checkpoints -> translate valid and test (beam 4, length penalty 0.6) -> sacreBLEU with signature.
-# Usage: bash bench/multi30k.sh   (env: SHARED, OUT, MINUTES, PRECISION, WARMUP, LR, MAX_TOKENS, AVG, SAVE_MIN)
+# Usage: bash bench/multi30k.sh   (env: SHARED, RUN_DIR, MINUTES, PRECISION, WARMUP, LR, MAX_TOKENS, AVG, SAVE_MIN,
+#        MODEL (model options; default the small d_model 256 model), TRANSLATE_PRECISIONS)
+# On a GPU, a base-sized model:
+#   MODEL="--d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.3" MINUTES=10 TRANSLATE_PRECISIONS="bf16 fp32" \
+#   bash bench/multi30k.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NMT=${NMT:-.venv/bin/nmt}
 SHARED=${SHARED:-../shared/data}
 DATA=$SHARED/multi30k
-OUT=${OUT:-runs/multi30k}
+OUT=${RUN_DIR:-runs/multi30k}
 MINUTES=${MINUTES:-20}
 PRECISION=${PRECISION:-bf16}
 WARMUP=${WARMUP:-1000}
@@ -16,6 +20,8 @@ LR=${LR:-0.001}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 AVG=${AVG:-5}
 SAVE_MIN=${SAVE_MIN:-0.5}
+MODEL=${MODEL:---d-model 256 --d-ff 1024 --heads 4 --layers 3 --dropout 0.1}
+TRANSLATE_PRECISIONS=${TRANSLATE_PRECISIONS:-fp32 bf16}
 [ -f "$DATA/train.en" ] || { echo "error: $DATA/train.en not found; set SHARED=path/to/shared/data" >&2; exit 1; }
 mkdir -p "$OUT"
 
@@ -23,17 +29,18 @@ echo "== prepare"
 $NMT prepare custom --src-lang en --tgt-lang de --train "$DATA/train" --valid "$DATA/valid" --test "$DATA/test" \
   --vocab-size 8000 -o "$OUT/data"
 
-echo "== train: d_model 256, d_ff 1024, 4 heads, 3+3 layers, dropout 0.1, ls 0.1, warmup $WARMUP, peak lr $LR,"
+echo "== train: $MODEL, ls 0.1, warmup $WARMUP, peak lr $LR,"
 echo "   $MAX_TOKENS tokens/update, $PRECISION, $MINUTES minutes, checkpoint every $SAVE_MIN min, average last $AVG"
 rm -rf "$OUT/run"
-$NMT train "$OUT/data" -o "$OUT/run" --preset base --d-model 256 --d-ff 1024 --heads 4 --layers 3 --dropout 0.1 \
+# shellcheck disable=SC2086
+$NMT train "$OUT/data" -o "$OUT/run" --preset base $MODEL \
   --label-smoothing 0.1 --warmup "$WARMUP" --lr "$LR" --max-tokens "$MAX_TOKENS" --update-freq 1 \
   --max-time "$MINUTES" --precision "$PRECISION" --save-every-minutes "$SAVE_MIN" --keep-last "$AVG" \
   --average-last "$AVG" --valid-every 200 --no-resume
 
 for split in valid test; do
   for model in checkpoint_last averaged; do
-    for prec in fp32 bf16; do
+    for prec in $TRANSLATE_PRECISIONS; do
       start=$(date +%s.%N)
       $NMT translate -m "$OUT/run/$model.pt" --beam 4 --lenpen 0.6 --precision $prec \
         < "$OUT/data/raw/$split.en" > "$OUT/$split.$model.$prec.de"

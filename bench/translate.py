@@ -169,14 +169,43 @@ def job_nmt(a: dict) -> dict:
     precision, _, stop = a["precision"].partition("-")  # "fp32-top": fp32 with --stop top
     search = SearchConfig(beam=a["beam"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"], stop=stop or "beam")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines))
-    tr = Translator(load_checkpoints([a["checkpoint"]]), "cpu", precision, config)
-    tr.translate(lines[:32])  # warm-up
+    device = a.get("device", "cpu")
+    tr = Translator(load_checkpoints([a["checkpoint"]]), device, precision, config)
+    tr.translate(lines[:32] if device == "cpu" else lines[:600])  # warm-up (GPU: kernels for many shapes)
     tr.src_tokens = tr.tgt_tokens = 0
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
+    if a.get("profile"):
+        return profile_translate(tr, lines)
     out = tr.translate(lines)
     seconds = time.perf_counter() - start
     Path(a["output"]).write_text("".join(hyps[0][1] + "\n" for hyps in out), encoding="utf-8")
-    return {"seconds": seconds, "sentences": len(lines), "tgt_tokens": tr.tgt_tokens, "peak_mb": peak_mb()}
+    result = {"seconds": seconds, "sentences": len(lines), "tgt_tokens": tr.tgt_tokens, "peak_mb": peak_mb()}
+    if device == "cuda":
+        result["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
+
+
+def profile_translate(tr, lines: list[str]) -> dict:
+    """Where decoding time goes on the GPU: kernel time against wall time, top ops by CPU and by GPU time."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        tr.translate(lines)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type.name == "CUDA")
+    print(f"profile: {len(lines)} lines in {wall:.2f} s wall, GPU kernels {kernel_us / 1e6:.2f} s "
+          f"({100 * kernel_us / 1e6 / wall:.0f}% busy)", file=sys.stderr)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=50), file=sys.stderr)
+    print(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=50), file=sys.stderr)
+    return {"seconds": wall, "sentences": len(lines), "tgt_tokens": tr.tgt_tokens, "peak_mb": peak_mb(),
+            "gpu_busy": kernel_us / 1e6 / wall}
 
 
 def job_ct2(a: dict) -> dict:
@@ -190,11 +219,12 @@ def job_ct2(a: dict) -> dict:
     model_dir = convert_to_ct2(Path(a["checkpoint"]), Path(a["ct2_dir"]))
     lines = read_lines(Path(a["input"]), a.get("n"))
     src = [sp.encode(line, out_type=str) + ["</s>"] if line.strip() else ["</s>"] for line in lines]
-    tr = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=a["compute_type"],
-                                intra_threads=a["threads"], inter_threads=1)
+    device = a.get("device", "cpu")
+    tr = ctranslate2.Translator(str(model_dir), device=device, compute_type=a["compute_type"],
+                                intra_threads=a["threads"] if device == "cpu" else 1, inter_threads=1)
     kwargs = dict(beam_size=a["beam"], length_penalty=0.6, max_decoding_length=a["max_decoding_length"],
                   max_batch_size=a["max_tokens"], batch_type="tokens")
-    tr.translate_batch(src[:32], **kwargs)
+    tr.translate_batch(src[:32] if device == "cpu" else src[:600], **kwargs)
     start = time.perf_counter()
     results = tr.translate_batch(src, **kwargs)
     seconds = time.perf_counter() - start
@@ -261,9 +291,11 @@ def run_anchor(kind: str, python: str, site: str | None, a: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_job(kind: str, **args) -> dict:
+def run_job(kind: str, show_stderr: bool = False, **args) -> dict:
     proc = subprocess.run([sys.executable, __file__, "--job", json.dumps({"kind": kind, **args})],
                           capture_output=True, text=True)
+    if show_stderr:
+        print(proc.stderr, flush=True)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -276,7 +308,9 @@ def row(label: str, r: dict) -> str:
     if "error" in r:
         return f"  {label:<34} error: {r['error']}"
     sps, tps = r["sentences"] / r["seconds"], r["tgt_tokens"] / r["seconds"]
-    return f"  {label:<34} {sps:8.1f} sent/s {tps:9.0f} tgt tok/s  peak {r['peak_mb']:7.0f} MB  ({r['seconds']:.1f} s)"
+    gpu = f"  GPU peak {r['gpu_peak_mb']:6.0f} MB" if "gpu_peak_mb" in r else ""
+    return (f"  {label:<34} {sps:8.1f} sent/s {tps:9.0f} tgt tok/s  peak {r['peak_mb']:7.0f} MB{gpu}  "
+            f"({r['seconds']:.2f} s)")
 
 
 def best(runs: list[dict]) -> dict:
@@ -298,7 +332,7 @@ def bleu(hyp: Path, ref: Path) -> float:
 def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: bool, fixed_len: int) -> None:
     """nmt fp32/bf16 and CTranslate2 fp32/int8 on the same weights, alternated, best of --repeat."""
     common = dict(checkpoint=str(ckpt), input=str(src), n=args.lines.get(name), threads=args.threads, beam=4,
-                  max_tokens=args.max_tokens)
+                  max_tokens=args.max_tokens, device=args.device)
     if trained:
         lengths = dict(max_len_a=1.0, max_len_b=50)
         ct2_len = 256
@@ -309,7 +343,7 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
         print(f"{name}: RANDOM weights, FIXED output length {fixed_len} tokens (+EOS for nmt)")
     configs = [("nmt", prec) for prec in args.nmt.split(",")]
     if not args.no_ct2:
-        configs += [("ct2", "float32"), ("ct2", "int8")]
+        configs += [("ct2", c) for c in args.ct2.split(",")]
     if args.hf_site and name in args.anchor_sections:
         configs.append(("hf", "fp32"))
     if args.fairseq_python and name in args.anchor_sections:
@@ -330,11 +364,18 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
                             ct2_dir=str(WORK / f"ct2_{name}"), max_decoding_length=ct2_len, **common)
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
-        label = {"nmt": f"nmt {prec.replace('-top', ' --stop top')}", "ct2": f"CTranslate2 {prec}", "hf": "Hugging Face generate fp32",
+        label = {"nmt": f"nmt {prec.replace('-top', ' --stop top')}", "ct2": f"CTranslate2 {prec}",
+                 "hf": "Hugging Face generate fp32",
                  "fairseq": "fairseq SequenceGenerator fp32"}[engine]
         print(row(label, best(runs)))
+    if args.profile and args.device == "cuda":
+        prec = args.nmt.split(",")[0]
+        run_job("nmt", show_stderr=True, precision=prec, output=str(WORK / "profile.out"), profile=True,
+                **common, **lengths)
     have = {c for c, runs in results.items() if any("error" not in r for r in runs)}
     pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32-top"), ("ct2", "float32")),
+             (("nmt", "fp16"), ("ct2", "float16")), (("nmt", "fp16-top"), ("ct2", "float16")),
+             (("nmt", "fp32"), ("nmt", "fp16")),
              (("nmt", "fp32"), ("nmt", "fp32-top")), (("nmt", "fp32"), ("nmt", "bf16")),
              (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32"))]
     for p, q in pairs:
@@ -344,6 +385,12 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
         for c in sorted(have):
             print(f"  BLEU {c[0]} {c[1]}: {bleu(outputs[c], ref):.2f}")
     print()
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
 
 
 def main() -> None:
@@ -366,7 +413,15 @@ def main() -> None:
                    help="nmt configurations: precisions, '-top' adds --stop top (CTranslate2's stopping rule; "
                         "fairseq and Hugging Face stop as nmt's default).")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--max-tokens", type=int, default=2000, help="Batch size of both engines (nmt's CPU default).")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: nmt on the GPU (--nmt fp32,bf16,fp16) against CTranslate2 on the GPU (--ct2 "
+                        "float16,int8_float16).")
+    p.add_argument("--ct2", default=None, help="CTranslate2 compute types [cpu: float32,int8; cuda: "
+                                               "float32,float16,int8_float16].")
+    p.add_argument("--profile", action="store_true",
+                   help="cuda: also profile nmt's first --nmt configuration (GPU busy share, top ops).")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="Batch size of both engines in padded source tokens [nmt's default: cpu 2000, cuda 6000].")
     p.add_argument("--repeat", type=int, default=2, help="Runs per configuration (alternated); the best is shown.")
     p.add_argument("--base-lines", type=int, default=None, help="First N lines of newstest2014 (default: all 3003).")
     p.add_argument("--stream-lines", type=int, default=1_000_000)
@@ -379,8 +434,14 @@ def main() -> None:
         sys.exit(f"{DATA} is missing: the benchmark reads ../shared/data (see its README)")
     WORK.mkdir(parents=True, exist_ok=True)
     args.lines = {"base": args.base_lines}
+    if args.max_tokens is None:
+        args.max_tokens = 2000 if args.device == "cpu" else 6000
+    if args.ct2 is None:
+        args.ct2 = "float32,int8" if args.device == "cpu" else "float32,float16,int8_float16"
     sections = args.sections.split(",")
-    print(f"nmt translate benchmark: {args.threads} threads, beam 4, alpha 0.6 (GNMT form); {os.cpu_count()} CPUs")
+    where = f"{args.threads} threads" if args.device == "cpu" else f"on {_gpu_name()}"
+    print(f"nmt translate benchmark: {where}, beam 4, alpha 0.6 (GNMT form), batches of {args.max_tokens} tokens; "
+          f"{os.cpu_count()} CPUs")
     anchors = "measured below" if (args.hf_site or args.fairseq_python) else "not measured: see --hf-site/--fairseq-python"
     print(f"figures quoted from the issue: {QUOTED}; Hugging Face / fairseq anchors: {anchors}\n")
     if "small" in sections:

@@ -22,10 +22,18 @@ def help_text(*args: str) -> str:
     return "\n".join(line.rstrip() for line in out.splitlines()).strip("\n")
 
 
+def versions() -> str:
+    """The libraries that format --help (another version lays the same help out differently)."""
+    from importlib.metadata import version
+
+    return ", ".join(f"{name} {version(name)}" for name in ("typer", "click", "rich"))
+
+
 def render() -> str:
     parts = ["# CLI reference", "",
              "Generated from the Typer app by `python scripts/gen_cli_docs.py`; `tests/test_docs.py` fails when it",
-             "is out of date.", "", "## nmt", "", "```", help_text(), "```", ""]
+             "is out of date.", "", f"<!-- formatted by {versions()} -->", "", "## nmt", "", "```", help_text(),
+             "```", ""]
     for name in COMMANDS:
         parts += [f"## nmt {name}", "", "```", help_text(name), "```", ""]
     return "\n".join(parts)

@@ -247,7 +247,7 @@ def _cli_args(data_dir, run, *extra):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--precision", "fp16"], "fp16"),
+    (["--precision", "fp16", "--gpus", "0"], "fp16"),
     (["--gpus", "64"], "--gpus 64"),
     (["--max-tokens", "4"], "--max-tokens"),
 ])

@@ -54,3 +54,25 @@ def test_no_grad_path_and_fp32_input_untouched():
     ref_loss, _ = reference(logits, target, 0.1)
     torch.testing.assert_close(loss, ref_loss)
     assert n == int(target.ne(0).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fused_formulation_for_the_gpu_matches_reference(dtype):
+    """`_fused_rows` (what CUDA compiles) gives the loss, nll and gradient of the reference; fp16 logits keep a
+    float32 gradient (eps / V would be subnormal in fp16)."""
+    torch.manual_seed(1)
+    logits = (3 * torch.randn(40, 300)).to(dtype)
+    target = torch.randint(4, 300, (40,))
+    target[::5] = 0
+    keep = target.ne(0)
+    grad_dtype = torch.float32 if dtype == torch.float16 else dtype
+    loss, nll, grad = loss_mod._fused_rows(logits, target.masked_fill(~keep, 0), keep, 0.1, grad_dtype)
+    b = logits.float().clone().requires_grad_()
+    ref_loss, ref_nll = reference(b, target, 0.1)
+    ref_loss.backward()
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(nll, ref_nll.detach(), rtol=1e-5, atol=1e-4)
+    assert grad.dtype == grad_dtype
+    tol = dict(rtol=1e-5, atol=1e-6) if grad_dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(grad.float(), b.grad, **tol)
+    assert grad[::5].abs().sum() == 0

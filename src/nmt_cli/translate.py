@@ -160,6 +160,10 @@ class Translator:
                  config: TranslateConfig | None = None, warn: Warner | None = None):
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(precision, self.device)
+        if self.device.type == "cuda":
+            from nmt_cli.model import avoid_cudnn_attention
+
+            avoid_cudnn_attention()
         self.config = (config or TranslateConfig()).validate()
         if self.config.max_tokens is None:
             self.config = dataclasses.replace(self.config, max_tokens=DEFAULT_MAX_TOKENS.get(self.device.type, 6000))

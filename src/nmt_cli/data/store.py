@@ -158,6 +158,11 @@ class Batch:
     n_tgt_tokens: int
     n_src_tokens: int
 
+    def pin_memory(self) -> Batch:
+        """The same batch in page-locked memory (copies to a GPU can then be asynchronous)."""
+        return Batch(self.src.pin_memory(), self.src_pad_mask.pin_memory(), self.tgt_in.pin_memory(),
+                     self.tgt_out.pin_memory(), self.n_tgt_tokens, self.n_src_tokens)
+
     def to(self, device, non_blocking: bool = False) -> Batch:
         return Batch(self.src.to(device, non_blocking=non_blocking),
                      self.src_pad_mask.to(device, non_blocking=non_blocking),

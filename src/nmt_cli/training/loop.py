@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -325,11 +326,18 @@ class Trainer:
             self._restore(load(plan.resume_from))
         self.model = torch.compile(self.module) if cfg.compile else self.module
         if rt.distributed:
+            # The only buffer is the constant position table: no broadcast of it before every forward.
+            import inspect
+
             from torch.nn.parallel import DistributedDataParallel as DDP
 
+            no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                       else {"broadcast_buffers": False})  # (torch >= 2.13 renamed the option)
             self.model = DDP(self.model, device_ids=[rt.local_rank] if device.type == "cuda" else None,
-                             gradient_as_bucket_view=True)
-        self._epoch_cache: tuple[int, list] | None = None
+                             gradient_as_bucket_view=True, **no_sync)
+        self._epoch_cache: dict[int, list] = {}
+        self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-batches")
+        self._prefetch = None  # ((epoch, pos) the batches start at, Future of their collation)
 
     # -- state ----------------------------------------------------------------------------------------------------
 
@@ -365,22 +373,48 @@ class Trainer:
 
     # -- data -----------------------------------------------------------------------------------------------------
 
-    def _epoch_list(self) -> list:
-        if self._epoch_cache is None or self._epoch_cache[0] != self.epoch:
+    def _epoch_list(self, epoch: int) -> list:
+        """This rank's batches of `epoch` (the current and the next epoch are kept)."""
+        if epoch not in self._epoch_cache:
             rt = self.rt
-            self._epoch_cache = (self.epoch, epoch_batches(self.batches, self.epoch, self.cfg.seed, rt.rank,
-                                                           rt.world_size))
-        return self._epoch_cache[1]
+            self._epoch_cache = {e: v for e, v in self._epoch_cache.items() if e >= epoch - 1}
+            self._epoch_cache[epoch] = epoch_batches(self.batches, epoch, self.cfg.seed, rt.rank, rt.world_size)
+        return self._epoch_cache[epoch]
+
+    def _indices_after(self, epoch: int, pos: int) -> tuple[list, int, int] | None:
+        """The next update's batch indices from data position (epoch, pos), and the position after them; None
+        after --max-epochs."""
+        if pos >= len(self._epoch_list(epoch)):
+            epoch, pos = epoch + 1, 0
+        if self.cfg.max_epochs and epoch > self.cfg.max_epochs:
+            return None
+        chosen = self._epoch_list(epoch)[pos : pos + self.plan.batching.update_freq]
+        return chosen, epoch, pos + len(chosen)
+
+    def _collate(self, chosen: list) -> list[Batch]:
+        """Padded micro-batches of `chosen`, in pinned memory when training on a GPU (asynchronous copies)."""
+        batches = [collate([self.train_data[int(i)] for i in idx]) for idx in chosen]
+        return [b.pin_memory() for b in batches] if self.rt.device.type == "cuda" else batches
 
     def _next_micro_batches(self) -> list[Batch] | None:
-        """The next update's micro-batches (fewer at the end of an epoch); None after --max-epochs."""
-        if self.pos >= len(self._epoch_list()):
+        """The next update's micro-batches (fewer at the end of an epoch); None after --max-epochs.
+
+        They were collated in a background thread while the previous update computed; this call starts
+        collating the update after them. The data position (epoch, pos) advances only as batches are taken, so
+        a checkpoint records exactly what was trained on."""
+        nxt = self._indices_after(self.epoch, self.pos)
+        if nxt is None:  # past --max-epochs: the run ends at the start of that epoch
             self.epoch, self.pos = self.epoch + 1, 0
-        if self.cfg.max_epochs and self.epoch > self.cfg.max_epochs:
             return None
-        chosen = self._epoch_list()[self.pos : self.pos + self.plan.batching.update_freq]
-        self.pos += len(chosen)
-        return [collate([self.train_data[int(i)] for i in idx]) for idx in chosen]
+        chosen, self.epoch, self.pos = nxt
+        pending, self._prefetch = self._prefetch, None
+        batches = pending[1].result() if pending is not None and pending[0] == (self.epoch, self.pos) else None
+        if batches is None:
+            batches = self._collate(chosen)
+        following = self._indices_after(self.epoch, self.pos)
+        if following is not None:
+            self._prefetch = ((following[1], following[2]), self._loader.submit(self._collate, following[0]))
+        return batches
 
     # -- one update -----------------------------------------------------------------------------------------------
 
@@ -454,7 +488,7 @@ class Trainer:
             with rt.autocast():
                 logits = module(batch.src, batch.tgt_in, batch.src_pad_mask)
             loss, nll, n = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.label_smoothing, PAD_ID)
-            sums += torch.tensor([float(loss), float(nll), n], dtype=torch.float64, device=rt.device)
+            sums += torch.stack([loss.detach(), nll, n]).to(torch.float64)
         loss, nll, n = rt.all_reduce_sum(sums).tolist()
         if not math.isfinite(loss):
             raise TrainingError(f"the validation loss became {loss} at update {self.step}; the model diverged: lower "
@@ -622,6 +656,7 @@ class Trainer:
                              str(self.out_dir / LAST), str(self.out_dir / BEST) if (self.out_dir / BEST).exists()
                              else None, averaged, valid, self.best, self.overflows, signum, history,
                              None if digests is None else len(set(digests)) == 1)
+        self._loader.shutdown(wait=False, cancel_futures=True)
         metrics.write({"kind": "end", "step": self.step, "stopped_by": stopped_by, "elapsed": self.elapsed,
                        "best": self.best, "overflows": self.overflows})
         metrics.close()

@@ -189,10 +189,13 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
                   init_method: str | None = None) -> Runtime:
     """Pin this process's device and threads and join the process group (world_size > 1)."""
     if launch.device_type == "cuda":
+        from nmt_cli.model import avoid_cudnn_attention
+
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        avoid_cudnn_attention()
     else:
         device = torch.device("cpu")
     if threads is None and launch.device_type == "cpu":

@@ -1,0 +1,226 @@
+"""The CUDA paths: the loss, autocast bf16/fp16 training, the fp16 loss scaler, the decoder cache and beam search,
+translation against the CPU, and the DDP code path with two processes on one GPU. Skipped without a CUDA GPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import toy_pairs
+from helpers_translate import make_checkpoint, tiny_config
+from nmt_cli.checkpoint import load
+from nmt_cli.model import Transformer
+from nmt_cli.search import SearchConfig, beam_search, greedy_search
+from nmt_cli.training import loop as loop_mod
+from nmt_cli.training.loop import train
+from nmt_cli.training.loss import label_smoothed_cross_entropy
+from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+@pytest.fixture()
+def no_tf32():
+    """Plain float32 matrix products (training turns TF32 on for the whole process)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+SMALL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "encoder_layers": 1, "decoder_layers": 1}
+
+
+def cuda_cfg(data_dir, out_dir, **kw):
+    from nmt_cli.training.config import TrainConfig
+
+    base = dict(preset="tiny", model=dict(SMALL), max_tokens=256, update_freq=1, warmup=10, lr=3e-3,
+                precision="bf16", gpus=1, log_every=5)
+    base.update(kw)
+    return TrainConfig(str(data_dir), str(out_dir), **base)
+
+
+def _reference_loss(logits, target, epsilon):
+    lprobs = torch.log_softmax(logits.double(), dim=-1)
+    keep = target.ne(0)
+    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    smooth = -lprobs.sum(-1)
+    loss = ((1 - epsilon) * nll + epsilon / logits.size(-1) * smooth)[keep].sum()
+    return loss, nll[keep].sum()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_loss_and_gradient_on_cuda_match_a_float64_reference(dtype):
+    torch.manual_seed(0)
+    logits = (3 * torch.randn(300, 1000, device="cuda")).to(dtype)
+    target = torch.randint(4, 1000, (300,), device="cuda")
+    target[::7] = 0  # padding
+    a = logits.clone().requires_grad_()
+    loss, nll, n = label_smoothed_cross_entropy(a, target, 0.1, pad_id=0)
+    b = logits.double().clone().requires_grad_()
+    ref_loss, ref_nll = _reference_loss(b, target, 0.1)
+    assert n == int(target.ne(0).sum())
+    torch.testing.assert_close(loss.double(), ref_loss.detach(), rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(nll.double(), ref_nll.detach(), rtol=1e-5, atol=1e-3)
+    (1000.0 * loss).backward()  # a loss scale: the backward multiplies the stored gradient
+    (1000.0 * ref_loss).backward()
+    assert a.grad.dtype == dtype and torch.isfinite(a.grad).all()
+    tol = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    err = (a.grad.double() - b.grad).norm() / b.grad.norm()
+    assert err < tol, f"relative gradient error {err:.2e}"
+    assert a.grad[::7].abs().sum() == 0
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_autocast_training_on_one_gpu(toy_data_dir, tmp_path, precision):
+    run = tmp_path / "run"
+    result = train(cuda_cfg(toy_data_dir, run, max_steps=40, precision=precision))
+    first, last = result.history[0], result.history[-1]
+    assert result.step == 40 and last["loss"] < 0.8 * first["loss"]
+    config = json.loads((run / "config.json").read_text())
+    assert (config["device"], config["precision"]) == ("cuda", precision)
+    ckpt = load(run / "checkpoint_last.pt")
+    assert all(t.device.type == "cpu" and torch.isfinite(t).all() for t in ckpt.model_state.values())
+    if precision == "fp16":
+        assert ckpt.train_state["scaler"]["scale"] > 0
+    resumed = train(cuda_cfg(toy_data_dir, run, max_steps=50, precision=precision))  # resume on the GPU
+    assert resumed.step == 50 and resumed.history[-1]["loss"] < first["loss"]
+
+
+def test_fp16_scaler_skips_an_overflowed_update_on_cuda(toy_data_dir, tmp_path, monkeypatch):
+    real = loop_mod.label_smoothed_cross_entropy
+    calls = {"n": 0}
+
+    def overflow_once(logits, target, epsilon, pad_id):
+        loss, nll, n = real(logits, target, epsilon, pad_id)
+        calls["n"] += torch.is_grad_enabled()
+        return (loss * float("inf"), nll, n) if calls["n"] == 3 else (loss, nll, n)
+
+    monkeypatch.setattr(loop_mod, "label_smoothed_cross_entropy", overflow_once)
+    result = train(cuda_cfg(toy_data_dir, tmp_path / "run", max_steps=6, precision="fp16"))
+    assert result.step == 6 and result.overflows == 1
+    ckpt = load(tmp_path / "run" / "checkpoint_last.pt")
+    assert all(torch.isfinite(t).all() for t in ckpt.model_state.values())
+
+
+def test_autocast_loss_is_close_to_fp32_on_the_same_batch(toy_data_dir):
+    from nmt_cli.data.store import ParallelData, collate
+    from nmt_cli.training.runtime import DTYPES
+
+    data = ParallelData(toy_data_dir, "train")
+    batch = collate([data[i] for i in range(32)]).to("cuda")
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(64, dropout=0.0)).cuda()
+    losses = {}
+    for name in ("fp32", "bf16", "fp16"):
+        with torch.autocast("cuda", dtype=DTYPES[name], enabled=name != "fp32"):
+            logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)
+        losses[name] = float(label_smoothed_cross_entropy(logits, batch.tgt_out, 0.1)[0].detach())
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
+    assert losses["fp16"] == pytest.approx(losses["fp32"], rel=5e-3)
+
+
+def _tiny_model(seed=0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(tiny_config(64, max_positions=128, **kw)).eval()
+
+
+def _sources(device, n=12, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, 14, (n,), generator=g)
+    src = torch.zeros(n, int(lengths.max()), dtype=torch.long)
+    for i, length in enumerate(lengths.tolist()):
+        src[i, : length - 1] = torch.randint(4, 64, (length - 1,), generator=g)
+        src[i, length - 1] = 3  # EOS
+    return src.to(device), src.eq(0).to(device)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_cached_decoding_equals_uncached_on_cuda(beam, no_tf32):
+    model = _tiny_model().cuda()
+    src, mask = _sources("cuda")
+    run = greedy_search if beam == 1 else beam_search
+    cfg = SearchConfig(beam=beam, max_len_a=1.0, max_len_b=8)
+    cached = run(model, src, mask, cfg)
+    uncached = run(model, src, mask, SearchConfig(beam=beam, max_len_a=1.0, max_len_b=8, use_cache=False))
+    for a, b in zip(cached, uncached, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        for x, y in zip(a, b, strict=True):
+            assert x.score == pytest.approx(y.score, abs=1e-4)
+
+
+def test_beam_search_on_cuda_equals_cpu_in_fp32(no_tf32):
+    model = _tiny_model()
+    src, mask = _sources("cpu")
+    cfg = SearchConfig(beam=4, max_len_a=1.0, max_len_b=8, nbest=2)
+    on_cpu = beam_search(model, src, mask, cfg)
+    on_gpu = beam_search(model.cuda(), src.cuda(), mask.cuda(), cfg)
+    for a, b in zip(on_cpu, on_gpu, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        for x, y in zip(a, b, strict=True):
+            assert x.score == pytest.approx(y.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_translate_on_cuda_agrees_with_cpu(tmp_path, toy_tokenizer_bytes, precision, no_tf32):
+    """Same checkpoint, same search: fp32 on the GPU gives the CPU's output; bf16/fp16 nearly all of it."""
+    path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1)
+    lines = [p[0] for p in toy_pairs(60, seed=11)]
+    config = TranslateConfig(search=SearchConfig(beam=4, max_len_a=1.0, max_len_b=6))
+    cpu = Translator(load_checkpoints([path]), "cpu", "fp32", config).translate(lines)
+    gpu = Translator(load_checkpoints([path]), "cuda", precision, config).translate(lines)
+    same = sum(a[0][1] == b[0][1] for a, b in zip(cpu, gpu, strict=True))
+    assert same >= (len(lines) if precision == "fp32" else 0.8 * len(lines)), f"{same}/{len(lines)} identical"
+    if precision == "fp32":
+        for a, b in zip(cpu, gpu, strict=True):
+            assert a[0][0] == pytest.approx(b[0][0], abs=1e-4)
+
+
+def test_translate_cli_on_cuda(tmp_path, toy_tokenizer_bytes):
+    path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1)
+    text = "".join(p[0] + "\n" for p in toy_pairs(20, seed=5))
+    r = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(path), "--device", "cuda",
+                        "--precision", "fp16", "--max-len-b", "5"], input=text, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("\n") == 20
+
+
+def _ddp_rank(rank: int, plan, init_method: str, queue) -> None:
+    from nmt_cli.training.loop import run_process
+
+    result = run_process(plan, rank, 0, init_method)  # local rank 0 for both: two processes share one GPU
+    queue.put((rank, result.ranks_agree, result.step))
+
+
+@pytest.mark.parametrize("backend", ["gloo"])
+def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, backend):
+    """The DDP code path on CUDA (gradient sync, agreed flags, rank-0 checkpoints) with 2 processes on one GPU
+    (NCCL refuses two ranks on one device; gloo carries the CUDA tensors)."""
+    import dataclasses
+
+    import torch.multiprocessing as mp
+
+    from nmt_cli.training.loop import plan_run, write_run_config
+    from nmt_cli.training.runtime import Launch, free_port
+
+    plan = plan_run(cuda_cfg(toy_data_dir, tmp_path / "run", max_steps=8, save_every=4))
+    plan = dataclasses.replace(plan, launch=Launch("cuda", 2, backend, False, "bf16"),
+                               batching=dataclasses.replace(plan.batching, world_size=2))
+    write_run_config(plan)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_ddp_rank, args=(r, plan, init, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0, 0]
+    results = sorted(queue.get(timeout=5) for _ in range(2))
+    assert results == [(0, True, 8), (1, True, 8)]
+    ckpt = load(tmp_path / "run" / "checkpoint_last.pt")
+    assert ckpt.train_state["world_size"] == 2 and ckpt.train_state["step"] == 8
