@@ -152,7 +152,8 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
     """tokens/s and FLOP/s of Trainer.update() on this data, after `warmup_updates`: overall and in the best
     window of >= `window` seconds (a shared machine's neighbours slow some windows down)."""
     from nmt_cli.training.config import TrainConfig
-    from nmt_cli.training.loop import Trainer, plan_run
+    from nmt_cli.training.loop import Trainer
+    from nmt_cli.training.plan import plan_run
     from nmt_cli.training.runtime import Runtime, setup_process
 
     cfg = TrainConfig(str(data_dir), str(WORK / "scratch"), preset=preset, model=model, precision=precision,
@@ -274,7 +275,8 @@ def profile_update(data: Path, preset: str, max_tokens: int, updates: int = 4) -
     from torch.profiler import ProfilerActivity, profile
 
     from nmt_cli.training.config import TrainConfig
-    from nmt_cli.training.loop import Trainer, plan_run
+    from nmt_cli.training.loop import Trainer
+    from nmt_cli.training.plan import plan_run
     from nmt_cli.training.runtime import setup_process
 
     cfg = TrainConfig(str(data), str(WORK / "scratch"), preset=preset, precision="bf16", max_tokens=max_tokens,

@@ -16,7 +16,7 @@ from nmt_cli.checkpoint import load
 from nmt_cli.model import Transformer
 from nmt_cli.search import SearchConfig, beam_search, greedy_search
 from nmt_cli.training import loop as loop_mod
-from nmt_cli.training.loop import train
+from nmt_cli.training.launch import train
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
 
@@ -190,7 +190,7 @@ def test_translate_cli_on_cuda(tmp_path, toy_tokenizer_bytes):
 
 
 def _ddp_rank(rank: int, plan, init_method: str, queue) -> None:
-    from nmt_cli.training.loop import run_process
+    from nmt_cli.training.launch import run_process
 
     result = run_process(plan, rank, 0, init_method)  # local rank 0 for both: two processes share one GPU
     queue.put((rank, result.ranks_agree, result.step))
@@ -204,7 +204,7 @@ def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, ba
 
     import torch.multiprocessing as mp
 
-    from nmt_cli.training.loop import plan_run, write_run_config
+    from nmt_cli.training.plan import plan_run, write_run_config
     from nmt_cli.training.runtime import Launch, free_port
 
     plan = plan_run(cuda_cfg(toy_data_dir, tmp_path / "run", max_steps=8, save_every=4))

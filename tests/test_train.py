@@ -16,9 +16,12 @@ from nmt_cli.checkpoint import load
 from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
 from nmt_cli.training import loop as loop_mod
+from nmt_cli.training import plan as plan_mod
 from nmt_cli.training.checkpoints import periodic_checkpoints, prune_periodic
 from nmt_cli.training.config import TrainConfig, resolve_batching, resolve_save_minutes
-from nmt_cli.training.loop import Trainer, plan_run, train
+from nmt_cli.training.launch import train
+from nmt_cli.training.loop import Trainer
+from nmt_cli.training.plan import plan_run
 from nmt_cli.training.runtime import FP16_INIT_SCALE, Launch, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 
@@ -276,7 +279,7 @@ def test_fp16_loss_scaler_skips_and_counts_overflowed_updates(toy_data_dir, tmp_
     """The fp16 path (autocast + dynamic loss scaling), exercised on CPU where torch supports it: an update whose
     gradients overflow is skipped (weights untouched, scale halved), counted, and does not advance the step."""
     fp16 = Launch("cpu", 1, None, False, "fp16")
-    monkeypatch.setattr(loop_mod, "plan_launch", lambda *a, **kw: fp16)  # nmt train refuses fp16 on CPU
+    monkeypatch.setattr(plan_mod, "plan_launch", lambda *a, **kw: fp16)  # nmt train refuses fp16 on CPU
     real = loop_mod.label_smoothed_cross_entropy
     calls = {"n": 0}
 

@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
         log_every: int = typer.Option(100, "--log-every", min=1, help="Updates between log lines."),
     ) -> None:
         from nmt_cli.training.config import TrainConfig
-        from nmt_cli.training.loop import train as run_training
+        from nmt_cli.training.launch import train as run_training
 
         model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
                  "attention_dropout": attention_dropout,

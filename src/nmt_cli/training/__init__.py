@@ -1,1 +1,2 @@
-"""Training loop, schedule, loss, distributed/AMP runtime, checkpoints and averaging."""
+"""Training: planning (plan.py), processes (launch.py), one process's loop (loop.py), loss, schedule, runtime
+(devices, precision, process groups), checkpoints, signals and metrics."""

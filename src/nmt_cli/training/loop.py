@@ -1,9 +1,4 @@
-"""The training recipe of "Attention Is All You Need", as `train(cfg)`.
-
-`train()` checks everything first (`plan_run`: data directory, devices, precision, batch sizes, resume
-compatibility) so that bad input fails with one line before any file is written; then it runs one process, or
-starts N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo) and runs rank 0 itself, or joins the processes
-torchrun started. Each process runs `Trainer.fit()`:
+"""One training process: `Trainer.fit()` runs the recipe of "Attention Is All You Need".
 
     for each update:
         accumulate update_freq micro-batches (DDP gradient sync only on the last), label-smoothed loss summed
@@ -11,20 +6,17 @@ torchrun started. Each process runs `Trainer.fit()`:
         gradients /= total target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
         validate / save / stop as agreed
 
-Only rank 0 logs and writes files; ranks read disjoint batches (`epoch_batches`).
+Only rank 0 logs and writes files; ranks read disjoint batches (`epoch_batches`). The run around it: `plan.py`
+(checks before anything is written), `launch.py` (one process, spawned processes or torchrun's), `signals.py`,
+`metrics_log.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
-import os
 import random
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,12 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt_cli import __version__
 from nmt_cli.checkpoint import Checkpoint, load, save
-from nmt_cli.config import PAD_ID, ModelConfig, preset
+from nmt_cli.config import PAD_ID
 from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
 from nmt_cli.data.store import SPM_MODEL, Batch, ParallelData, collate, load_manifest
-from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
+from nmt_cli.errors import CheckpointError, TrainingError
 from nmt_cli.training.checkpoints import (
     AVERAGED,
     BEST,
@@ -51,208 +42,15 @@ from nmt_cli.training.checkpoints import (
     rng_state,
     set_rng_state,
 )
-from nmt_cli.training.config import (
-    BatchPlan,
-    TrainConfig,
-    resolve_batching,
-    resolve_keep_last,
-    resolve_save_minutes,
-)
 from nmt_cli.training.loss import label_smoothed_cross_entropy
-from nmt_cli.training.runtime import (
-    Launch,
-    Runtime,
-    free_port,
-    plan_launch,
-    setup_process,
-    shutdown_process,
-    torchrun_env,
-)
+from nmt_cli.training.metrics_log import MetricsLog, Window
+from nmt_cli.training.plan import RunPlan, _plain
+from nmt_cli.training.runtime import Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
+from nmt_cli.training.signals import StopSignals
 
 Progress = Callable[[dict], None]
-CONFIG_JSON, METRICS_JSONL = "config.json", "metrics.jsonl"
 MIN_FP16_SCALE = 2.0**-10
-
-
-# ---- planning: every check before anything is written ---------------------------------------------------------
-
-@dataclass
-class RunPlan:
-    """What `plan_run` decided; picklable, handed to every process."""
-
-    cfg: TrainConfig
-    launch: Launch
-    model_config: ModelConfig
-    batching: BatchPlan
-    warmup: int
-    max_steps: int
-    save_minutes: float
-    keep_last: int
-    langs: dict
-    resume_from: str | None
-    has_valid: bool
-    mean_tgt_tokens: float  # real target tokens per micro-batch, on average
-
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.cfg.out_dir)
-
-
-def plan_run(cfg: TrainConfig) -> RunPlan:
-    """Validate the request against the data, the machine and the output directory; write nothing."""
-    cfg.validate()
-    data_dir = Path(cfg.data_dir)
-    manifest = load_manifest(data_dir)
-    for key in ("src_lang", "tgt_lang", "vocab_size", "splits"):
-        if key not in manifest:
-            raise DataError(f"{data_dir}/manifest.json has no '{key}' (not written by nmt prepare?); re-run nmt prepare")
-    if "train" not in manifest["splits"]:
-        raise DataError(f"{data_dir} has no train split; re-run nmt prepare")
-    if not (data_dir / SPM_MODEL).is_file():
-        raise DataError(f"{data_dir}/{SPM_MODEL} is missing; re-run nmt prepare for this data directory")
-    launch = plan_launch(cfg.gpus, cfg.cpu_procs, cfg.precision)
-    model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
-    batching = resolve_batching(cfg, launch.world_size, launch.device_type)
-    train = ParallelData(data_dir, "train", manifest)
-    if len(train) == 0:
-        raise DataError(f"{data_dir}: the train split is empty; re-run nmt prepare with more data")
-    longest = int(max(train.src_lengths.max(), train.tgt_lengths.max()))
-    if longest > model_config.max_positions:
-        raise ConfigError(f"{data_dir} has a sentence of {longest} tokens but the model takes at most "
-                          f"{model_config.max_positions}; prepare with a lower --max-len or raise --max-positions")
-    batches = make_batches(train.src_lengths, train.tgt_lengths, batching.max_tokens)
-    if "valid" in manifest["splits"]:
-        ParallelData(data_dir, "valid", manifest)  # present and consistent
-    if len(batches) * 2 < launch.world_size:
-        raise ConfigError(f"the train split makes {len(batches)} batches, too few for {launch.world_size} processes; "
-                          "use fewer processes or a smaller --max-tokens")
-    out_dir = Path(cfg.out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"-o {out_dir} is a file; pass a directory for the run")
-    resume_from = _check_resume(cfg, out_dir, model_config, (data_dir / SPM_MODEL).read_bytes())
-    return RunPlan(
-        cfg=cfg, launch=launch, model_config=model_config, batching=batching,
-        warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=cfg.max_steps or cfg.recipe("max_steps"),
-        save_minutes=resolve_save_minutes(cfg), keep_last=resolve_keep_last(cfg),
-        langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
-        has_valid="valid" in manifest["splits"],
-        mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
-    )
-
-
-def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, tokenizer: bytes) -> str | None:
-    last = out_dir / LAST
-    if not last.exists():
-        if cfg.resume:
-            raise CheckpointError(f"--resume: {last} does not exist; drop --resume to start a new run")
-        return None
-    if cfg.resume is False:
-        raise ConfigError(f"{out_dir} already holds a run ({LAST}); resume it (the default) or pick another -o")
-    ckpt = load(last)
-    if ckpt.train_state is None:
-        raise CheckpointError(f"{last} has no training state (an averaged or exported checkpoint?); "
-                              "it cannot be resumed; pick another -o")
-    if ckpt.model_config != model_config:
-        diff = [f"{k} {v} (checkpoint) vs {getattr(model_config, k)}" for k, v in ckpt.model_config.to_dict().items()
-                if getattr(model_config, k) != v]
-        raise CheckpointError(f"{last} was trained with another model ({'; '.join(diff)}); "
-                              "use the same preset/options to resume, or another -o")
-    if ckpt.tokenizer != tokenizer:
-        raise CheckpointError(f"{last} was trained with another tokenizer than {cfg.data_dir}/{SPM_MODEL}; "
-                              "resume with the same data directory, or pick another -o")
-    return str(last)
-
-
-# ---- stop signals ---------------------------------------------------------------------------------------------
-
-class StopSignals:
-    """SIGINT/SIGTERM set a flag checked between updates (a checkpoint is then written); a second one aborts."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
-# ---- metrics --------------------------------------------------------------------------------------------------
-
-class MetricsLog:
-    """Rank 0's JSONL log (and TensorBoard events when tensorboard is installed)."""
-
-    def __init__(self, out_dir: Path, enabled: bool):
-        self.enabled = enabled
-        self.file = open(out_dir / METRICS_JSONL, "a") if enabled else None
-        self.tb = None
-        if enabled:
-            import importlib.util
-
-            if importlib.util.find_spec("tensorboard") is not None:
-                try:
-                    from torch.utils.tensorboard import SummaryWriter
-
-                    self.tb = SummaryWriter(str(out_dir / "tensorboard"))
-                except Exception:  # a broken tensorboard install must not stop training
-                    self.tb = None
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.tb is not None:
-            kind, step = record.get("kind"), record.get("step", 0)
-            for k, v in record.items():
-                if isinstance(v, (int, float)) and k not in ("step", "epoch"):
-                    self.tb.add_scalar(f"{kind}/{k}", v, step)
-
-    def close(self) -> None:
-        if self.file:
-            self.file.close()
-        if self.tb is not None:
-            self.tb.close()
-
-
-@dataclass
-class Window:
-    """Sums over the updates since the last log line."""
-
-    loss: float = 0.0
-    nll: float = 0.0
-    tgt_tokens: float = 0.0
-    src_tokens: float = 0.0
-    updates: int = 0
-    seconds: float = 0.0
-
-    def add(self, stats: UpdateStats, seconds: float) -> None:
-        self.loss += stats.loss_sum
-        self.nll += stats.nll_sum
-        self.tgt_tokens += stats.tgt_tokens
-        self.src_tokens += stats.src_tokens
-        self.updates += 1
-        self.seconds += seconds
-
-    def summary(self) -> dict:
-        tok = max(self.tgt_tokens, 1.0)
-        return {"loss": self.loss / tok, "nll_loss": self.nll / tok,
-                "ppl": math.exp(min(self.nll / tok, 50.0)),
-                "tgt_tokens_per_s": self.tgt_tokens / max(self.seconds, 1e-9),
-                "src_tokens_per_s": self.src_tokens / max(self.seconds, 1e-9),
-                "tgt_tokens_per_update": self.tgt_tokens / max(self.updates, 1)}
 
 
 @dataclass
@@ -286,8 +84,6 @@ class TrainResult:
     history: list = field(default_factory=list)
     ranks_agree: bool | None = None  # distributed runs: every rank ended with bitwise identical weights
 
-
-# ---- one process ----------------------------------------------------------------------------------------------
 
 class Trainer:
     """One training process: model, optimizer, data position and the loop."""
@@ -699,112 +495,3 @@ def _fused_adam_ok(device: torch.device) -> bool:
         return True
     except (RuntimeError, TypeError, ValueError):
         return False
-
-
-def _plain(obj):
-    """JSON-like plain data (tuples become lists) for the training state."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj
-
-
-# ---- process orchestration ------------------------------------------------------------------------------------
-
-def write_run_config(plan: RunPlan) -> None:
-    """RUN_DIR/config.json: the options as given and as resolved."""
-    out = plan.out_dir
-    out.mkdir(parents=True, exist_ok=True)
-    resolved = {
-        "nmt_version": __version__, "torch_version": torch.__version__,
-        "options": _plain(plan.cfg.to_dict()), "model": plan.model_config.to_dict(),
-        "device": plan.launch.device_type, "world_size": plan.launch.world_size, "precision": plan.launch.precision,
-        "max_tokens": plan.batching.max_tokens, "update_freq": plan.batching.update_freq,
-        "update_tokens": plan.batching.update_tokens, "max_tokens_per_update": plan.batching.max_tokens_per_update,
-        "warmup": plan.warmup, "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, plan.cfg.lr),
-        "max_steps": plan.max_steps, "save_every_minutes": plan.save_minutes, "keep_last": plan.keep_last,
-        "langs": plan.langs, "resumed_from": plan.resume_from,
-    }
-    tmp = out / (CONFIG_JSON + ".tmp")
-    tmp.write_text(json.dumps(resolved, indent=2) + "\n")
-    os.replace(tmp, out / CONFIG_JSON)
-
-
-def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
-                progress: Progress | None = None) -> TrainResult:
-    """Set up this process (device, threads, process group), train, tear down."""
-    rt = setup_process(plan.launch, rank, local_rank, plan.cfg.threads, init_method)
-    try:
-        return Trainer(plan, rt, progress).fit()
-    finally:
-        shutdown_process(rt)
-
-
-_AGREED_ERROR = 3  # a spawned rank's exit code for an error that rank 0 raises and reports too
-
-
-def _child_main(plan: RunPlan, rank: int, init_method: str) -> None:
-    """Entry point of ranks 1..N-1 started by `train` (spawned processes)."""
-    try:
-        run_process(plan, rank, rank, init_method)
-    except TrainingError:
-        sys.exit(_AGREED_ERROR)  # rank 0 reports the same error (every rank agrees on the loss)
-    except Exception as exc:  # noqa: BLE001 - report in one line, the parent says which rank failed
-        print(f"error: rank {rank}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
-        sys.exit(1)
-    except KeyboardInterrupt:
-        sys.exit(130)
-
-
-def _watch_children(procs: list, done: threading.Event) -> None:
-    """If a spawned rank dies while rank 0 still runs, rank 0 would block in a collective: end the run."""
-    while not done.wait(1.0):
-        for p in procs:
-            if p.exitcode not in (None, 0, _AGREED_ERROR):
-                print(f"error: training process {procs.index(p) + 1} exited with code {p.exitcode}; stopping",
-                      file=sys.stderr)
-                for q in procs:
-                    if q.is_alive():
-                        q.terminate()
-                os._exit(1)
-
-
-def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """Train as `cfg` says; returns where the checkpoints are and how the run ended."""
-    plan = plan_run(cfg)
-    env = torchrun_env()
-    if env is not None:
-        rank, _, local_rank = env
-        if rank == 0:
-            write_run_config(plan)
-        return run_process(plan, rank, local_rank, "env://" if plan.launch.distributed else None,
-                           progress if rank == 0 else None)
-    write_run_config(plan)
-    if not plan.launch.distributed:
-        return run_process(plan, 0, 0, None, progress)
-    import torch.multiprocessing as mp
-
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_child_main, args=(plan, r, init_method)) for r in range(1, plan.launch.world_size)]
-    for p in procs:
-        p.start()
-    done = threading.Event()
-    threading.Thread(target=_watch_children, args=(procs, done), daemon=True).start()
-    try:
-        result = run_process(plan, 0, 0, init_method, progress)
-    except BaseException:
-        done.set()
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-        raise
-    done.set()
-    for p in procs:
-        p.join(timeout=300)
-    failed = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(procs) if p.exitcode != 0]
-    if failed:
-        raise TrainingError(f"training processes failed: {', '.join(failed)}; see their messages above")
-    return result

@@ -1,0 +1,95 @@
+"""`train(cfg)`, the entry point of `nmt train`: check everything first (`plan_run`: data directory, devices,
+precision, batch sizes, resume compatibility) so that bad input fails with one line before any file is written;
+then run one process, or start N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo) and run rank 0 here, or
+join the processes torchrun started. Each process runs `Trainer.fit()` (loop.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+from nmt_cli.errors import TrainingError
+from nmt_cli.training.config import TrainConfig
+from nmt_cli.training.loop import Progress, Trainer, TrainResult
+from nmt_cli.training.plan import RunPlan, plan_run, write_run_config
+from nmt_cli.training.runtime import free_port, setup_process, shutdown_process, torchrun_env
+
+
+def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
+                progress: Progress | None = None) -> TrainResult:
+    """Set up this process (device, threads, process group), train, tear down."""
+    rt = setup_process(plan.launch, rank, local_rank, plan.cfg.threads, init_method)
+    try:
+        return Trainer(plan, rt, progress).fit()
+    finally:
+        shutdown_process(rt)
+
+
+_AGREED_ERROR = 3  # a spawned rank's exit code for an error that rank 0 raises and reports too
+
+
+def _child_main(plan: RunPlan, rank: int, init_method: str) -> None:
+    """Entry point of ranks 1..N-1 started by `train` (spawned processes)."""
+    try:
+        run_process(plan, rank, rank, init_method)
+    except TrainingError:
+        sys.exit(_AGREED_ERROR)  # rank 0 reports the same error (every rank agrees on the loss)
+    except Exception as exc:  # noqa: BLE001 - report in one line, the parent says which rank failed
+        print(f"error: rank {rank}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _watch_children(procs: list, done: threading.Event) -> None:
+    """If a spawned rank dies while rank 0 still runs, rank 0 would block in a collective: end the run."""
+    while not done.wait(1.0):
+        for p in procs:
+            if p.exitcode not in (None, 0, _AGREED_ERROR):
+                print(f"error: training process {procs.index(p) + 1} exited with code {p.exitcode}; stopping",
+                      file=sys.stderr)
+                for q in procs:
+                    if q.is_alive():
+                        q.terminate()
+                os._exit(1)
+
+
+def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
+    """Train as `cfg` says; returns where the checkpoints are and how the run ended."""
+    plan = plan_run(cfg)
+    env = torchrun_env()
+    if env is not None:
+        rank, _, local_rank = env
+        if rank == 0:
+            write_run_config(plan)
+        return run_process(plan, rank, local_rank, "env://" if plan.launch.distributed else None,
+                           progress if rank == 0 else None)
+    write_run_config(plan)
+    if not plan.launch.distributed:
+        return run_process(plan, 0, 0, None, progress)
+    import torch.multiprocessing as mp
+
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_child_main, args=(plan, r, init_method)) for r in range(1, plan.launch.world_size)]
+    for p in procs:
+        p.start()
+    done = threading.Event()
+    threading.Thread(target=_watch_children, args=(procs, done), daemon=True).start()
+    try:
+        result = run_process(plan, 0, 0, init_method, progress)
+    except BaseException:
+        done.set()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        raise
+    done.set()
+    for p in procs:
+        p.join(timeout=300)
+    failed = [f"rank {i + 1} (exit code {p.exitcode})" for i, p in enumerate(procs) if p.exitcode != 0]
+    if failed:
+        raise TrainingError(f"training processes failed: {', '.join(failed)}; see their messages above")
+    return result

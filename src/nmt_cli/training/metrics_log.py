@@ -1,0 +1,79 @@
+"""Training metrics: rank 0's JSON-lines log (and TensorBoard when installed), and the sums between log lines."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nmt_cli.training.loop import UpdateStats
+
+
+METRICS_JSONL = "metrics.jsonl"
+
+
+class MetricsLog:
+    """Rank 0's JSONL log (and TensorBoard events when tensorboard is installed)."""
+
+    def __init__(self, out_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.file = open(out_dir / METRICS_JSONL, "a") if enabled else None
+        self.tb = None
+        if enabled:
+            import importlib.util
+
+            if importlib.util.find_spec("tensorboard") is not None:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self.tb = SummaryWriter(str(out_dir / "tensorboard"))
+                except Exception:  # a broken tensorboard install must not stop training
+                    self.tb = None
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tb is not None:
+            kind, step = record.get("kind"), record.get("step", 0)
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k not in ("step", "epoch"):
+                    self.tb.add_scalar(f"{kind}/{k}", v, step)
+
+    def close(self) -> None:
+        if self.file:
+            self.file.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+@dataclass
+class Window:
+    """Sums over the updates since the last log line."""
+
+    loss: float = 0.0
+    nll: float = 0.0
+    tgt_tokens: float = 0.0
+    src_tokens: float = 0.0
+    updates: int = 0
+    seconds: float = 0.0
+
+    def add(self, stats: UpdateStats, seconds: float) -> None:
+        self.loss += stats.loss_sum
+        self.nll += stats.nll_sum
+        self.tgt_tokens += stats.tgt_tokens
+        self.src_tokens += stats.src_tokens
+        self.updates += 1
+        self.seconds += seconds
+
+    def summary(self) -> dict:
+        tok = max(self.tgt_tokens, 1.0)
+        return {"loss": self.loss / tok, "nll_loss": self.nll / tok,
+                "ppl": math.exp(min(self.nll / tok, 50.0)),
+                "tgt_tokens_per_s": self.tgt_tokens / max(self.seconds, 1e-9),
+                "src_tokens_per_s": self.src_tokens / max(self.seconds, 1e-9),
+                "tgt_tokens_per_update": self.tgt_tokens / max(self.updates, 1)}

@@ -1,0 +1,149 @@
+"""Run planning: every check before anything is written (`plan_run`), the resolved run configuration
+(`config.json`), and the resume decision."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt_cli import __version__
+from nmt_cli.checkpoint import load
+from nmt_cli.config import ModelConfig, preset
+from nmt_cli.data.batching import make_batches
+from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest
+from nmt_cli.errors import CheckpointError, ConfigError, DataError
+from nmt_cli.training.checkpoints import LAST
+from nmt_cli.training.config import (
+    BatchPlan,
+    TrainConfig,
+    resolve_batching,
+    resolve_keep_last,
+    resolve_save_minutes,
+)
+from nmt_cli.training.runtime import Launch, plan_launch
+from nmt_cli.training.schedule import peak_lr
+
+CONFIG_JSON = "config.json"
+
+
+@dataclass
+class RunPlan:
+    """What `plan_run` decided; picklable, handed to every process."""
+
+    cfg: TrainConfig
+    launch: Launch
+    model_config: ModelConfig
+    batching: BatchPlan
+    warmup: int
+    max_steps: int
+    save_minutes: float
+    keep_last: int
+    langs: dict
+    resume_from: str | None
+    has_valid: bool
+    mean_tgt_tokens: float  # real target tokens per micro-batch, on average
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.cfg.out_dir)
+
+
+def plan_run(cfg: TrainConfig) -> RunPlan:
+    """Validate the request against the data, the machine and the output directory; write nothing."""
+    cfg.validate()
+    data_dir = Path(cfg.data_dir)
+    manifest = load_manifest(data_dir)
+    for key in ("src_lang", "tgt_lang", "vocab_size", "splits"):
+        if key not in manifest:
+            raise DataError(f"{data_dir}/manifest.json has no '{key}' (not written by nmt prepare?); re-run nmt prepare")
+    if "train" not in manifest["splits"]:
+        raise DataError(f"{data_dir} has no train split; re-run nmt prepare")
+    if not (data_dir / SPM_MODEL).is_file():
+        raise DataError(f"{data_dir}/{SPM_MODEL} is missing; re-run nmt prepare for this data directory")
+    launch = plan_launch(cfg.gpus, cfg.cpu_procs, cfg.precision)
+    model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
+    batching = resolve_batching(cfg, launch.world_size, launch.device_type)
+    train = ParallelData(data_dir, "train", manifest)
+    if len(train) == 0:
+        raise DataError(f"{data_dir}: the train split is empty; re-run nmt prepare with more data")
+    longest = int(max(train.src_lengths.max(), train.tgt_lengths.max()))
+    if longest > model_config.max_positions:
+        raise ConfigError(f"{data_dir} has a sentence of {longest} tokens but the model takes at most "
+                          f"{model_config.max_positions}; prepare with a lower --max-len or raise --max-positions")
+    batches = make_batches(train.src_lengths, train.tgt_lengths, batching.max_tokens)
+    if "valid" in manifest["splits"]:
+        ParallelData(data_dir, "valid", manifest)  # present and consistent
+    if len(batches) * 2 < launch.world_size:
+        raise ConfigError(f"the train split makes {len(batches)} batches, too few for {launch.world_size} processes; "
+                          "use fewer processes or a smaller --max-tokens")
+    out_dir = Path(cfg.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"-o {out_dir} is a file; pass a directory for the run")
+    resume_from = _check_resume(cfg, out_dir, model_config, (data_dir / SPM_MODEL).read_bytes())
+    return RunPlan(
+        cfg=cfg, launch=launch, model_config=model_config, batching=batching,
+        warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=cfg.max_steps or cfg.recipe("max_steps"),
+        save_minutes=resolve_save_minutes(cfg), keep_last=resolve_keep_last(cfg),
+        langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
+        has_valid="valid" in manifest["splits"],
+        mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
+    )
+
+
+def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, tokenizer: bytes) -> str | None:
+    last = out_dir / LAST
+    if not last.exists():
+        if cfg.resume:
+            raise CheckpointError(f"--resume: {last} does not exist; drop --resume to start a new run")
+        return None
+    if cfg.resume is False:
+        raise ConfigError(f"{out_dir} already holds a run ({LAST}); resume it (the default) or pick another -o")
+    ckpt = load(last)
+    if ckpt.train_state is None:
+        raise CheckpointError(f"{last} has no training state (an averaged or exported checkpoint?); "
+                              "it cannot be resumed; pick another -o")
+    if ckpt.model_config != model_config:
+        diff = [f"{k} {v} (checkpoint) vs {getattr(model_config, k)}" for k, v in ckpt.model_config.to_dict().items()
+                if getattr(model_config, k) != v]
+        raise CheckpointError(f"{last} was trained with another model ({'; '.join(diff)}); "
+                              "use the same preset/options to resume, or another -o")
+    if ckpt.tokenizer != tokenizer:
+        raise CheckpointError(f"{last} was trained with another tokenizer than {cfg.data_dir}/{SPM_MODEL}; "
+                              "resume with the same data directory, or pick another -o")
+    return str(last)
+
+
+
+
+def write_run_config(plan: RunPlan) -> None:
+    """RUN_DIR/config.json: the options as given and as resolved."""
+    out = plan.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    resolved = {
+        "nmt_version": __version__, "torch_version": torch.__version__,
+        "options": _plain(plan.cfg.to_dict()), "model": plan.model_config.to_dict(),
+        "device": plan.launch.device_type, "world_size": plan.launch.world_size, "precision": plan.launch.precision,
+        "max_tokens": plan.batching.max_tokens, "update_freq": plan.batching.update_freq,
+        "update_tokens": plan.batching.update_tokens, "max_tokens_per_update": plan.batching.max_tokens_per_update,
+        "warmup": plan.warmup, "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, plan.cfg.lr),
+        "max_steps": plan.max_steps, "save_every_minutes": plan.save_minutes, "keep_last": plan.keep_last,
+        "langs": plan.langs, "resumed_from": plan.resume_from,
+    }
+    tmp = out / (CONFIG_JSON + ".tmp")
+    tmp.write_text(json.dumps(resolved, indent=2) + "\n")
+    os.replace(tmp, out / CONFIG_JSON)
+
+
+
+
+def _plain(obj):
+    """JSON-like plain data (tuples become lists) for the training state."""
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
