@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -198,6 +199,65 @@ def test_interrupted_save_leaves_the_old_checkpoint_valid(toy_data_dir, tmp_path
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+def _signal_at(monkeypatch, step: int) -> None:
+    """Send this process SIGTERM when the trainer is about to run update `step` + 1."""
+    real_update = Trainer.update
+
+    def update(self, micro, stop=False, save_now=False):
+        if self.step == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_update(self, micro, stop, save_now)
+
+    monkeypatch.setattr(Trainer, "update", update)
+
+
+def test_a_stop_signal_saves_first_and_does_nothing_else(toy_data_dir, tmp_path, monkeypatch):
+    """SIGTERM (torchrun kills 30 s later): checkpoint_last.pt is written at once; the (here slow) final validation,
+    the periodic checkpoint and the averaging are skipped."""
+    validations = []
+    real_validate = Trainer.validate
+
+    def slow_validate(self):
+        validations.append(self.step)
+        time.sleep(2.0)
+        return real_validate(self)
+
+    monkeypatch.setattr(Trainer, "validate", slow_validate)
+    _signal_at(monkeypatch, 5)
+    run = tmp_path / "run"
+    start = time.monotonic()
+    result = train(small_cfg(toy_data_dir, run, max_steps=1000, average_last=2))
+    assert time.monotonic() - start < 2.0 + 10  # (no 2 s validation inside; generous for a busy machine)
+    assert result.stopped_by == "signal" and result.signum == signal.SIGTERM
+    assert validations == []
+    assert load(run / "checkpoint_last.pt").train_state["step"] == result.step == 7  # the flag is read per update
+    assert not (run / "averaged.pt").exists() and periodic_checkpoints(run) == []
+
+
+def test_a_second_signal_during_the_save_stops_at_once_with_one_line(toy_data_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from nmt_cli.cli import app
+
+    run = tmp_path / "run"
+    train(small_cfg(toy_data_dir, run, max_steps=4))
+    before = (run / "checkpoint_last.pt").read_bytes()
+    _signal_at(monkeypatch, 6)
+
+    def interrupted_save(obj, f, *a, **kw):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        os.kill(os.getpid(), signal.SIGTERM)  # the second signal arrives while the checkpoint is being written
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    result = CliRunner().invoke(app, [str(a) for a in _cli_args(toy_data_dir, run, "--max-steps", "100")])
+    assert result.exit_code == 130, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1 and "interrupted again" in lines[0] and "still holds update 4" in lines[0]
+    assert "Traceback" not in result.output
+    assert (run / "checkpoint_last.pt").read_bytes() == before
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_max_time_stops_and_time_based_checkpoints_average(toy_data_dir, tmp_path):
     run = tmp_path / "run"
     result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3))
@@ -240,6 +300,40 @@ def test_two_gloo_processes_train_and_agree(toy_data_dir, tmp_path):
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["world_size"] == 2
     assert load(tmp_path / "run" / "checkpoint_last.pt").train_state["world_size"] == 2
+
+
+def test_two_gloo_processes_resume_together(toy_data_dir, tmp_path):
+    train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=3, cpu_procs=2))
+    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, cpu_procs=2))
+    assert result.ranks_agree is True and result.step == 6
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["resumed_from"].endswith("checkpoint_last.pt")
+
+
+def test_ranks_without_the_checkpoint_rank_0_resumes_from_stop_the_run(toy_data_dir, tmp_path):
+    """Two processes started as torchrun starts them, on "nodes" whose run directories are not shared (each its
+    own working directory, -o run): rank 0 would resume, rank 1 cannot see the checkpoint. Both stop with one line
+    instead of training apart; rank 0's checkpoint is untouched and rank 1 writes nothing."""
+    from nmt_cli.training.runtime import free_port
+
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for node in nodes:
+        node.mkdir()
+    train(small_cfg(toy_data_dir, nodes[0] / "run", max_steps=3))
+    before = (nodes[0] / "run" / "checkpoint_last.pt").read_bytes()
+    port = str(free_port())
+    procs = []
+    for rank, node in enumerate(nodes):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        args = _cli_args(toy_data_dir, "run", "--max-steps", "6", "--gpus", "0", "--threads", "1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "nmt_cli.cli", *map(str, args)], cwd=node, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    errs = [p.communicate(timeout=180)[1] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], errs
+    lines = [ln for ln in errs[0].splitlines() if ln.strip()]
+    assert len(lines) == 1 and "rank 1 cannot see" in lines[0] and "checkpoint_last.pt" in lines[0], errs[0]
+    assert (nodes[0] / "run" / "checkpoint_last.pt").read_bytes() == before
+    assert not (nodes[1] / "run").exists()
 
 
 # ---- the command line -----------------------------------------------------------------------------------------

@@ -138,6 +138,13 @@ def register(app: typer.Typer) -> None:
         display = Display(live=sys.stderr.isatty(), log_every=log_every)
         try:
             result = run_training(cfg, progress=display)
+        except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: stop at once (checkpoint files are written atomically)
+            display.close()
+            held = (f"still holds update {display.last_saved}" if display.last_saved is not None
+                    else "was not written by this run")
+            display.line(f"error: interrupted again before the run could save; {output / 'checkpoint_last.pt'} {held} "
+                         "(a checkpoint being written is discarded whole); run the same command to resume")
+            raise typer.Exit(130) from None
         finally:
             display.close()
         if result.ranks_agree is False:
@@ -176,6 +183,7 @@ class Display:
         self._last_plain = time.monotonic()
         self._last_render = 0.0
         self._max_steps = None
+        self.last_saved: int | None = None  # the update checkpoint_last.pt holds (this run's saves, or resumed)
 
     def line(self, text: str) -> None:
         self.console.print(text, markup=False) if self._live is None else self._live.console.print(text, markup=False)
@@ -188,8 +196,10 @@ class Display:
             self._train(e)
         elif kind == "valid":
             self.line(f"update {e['step']} epoch {e['epoch']}: {_fmt_valid(e)}")
-        elif kind == "save" and e.get("periodic"):
-            self.line(f"update {e['step']}: saved checkpoint_{e['step']}.pt and checkpoint_last.pt")
+        elif kind == "save":
+            self.last_saved = e["step"]
+            if e.get("periodic"):
+                self.line(f"update {e['step']}: saved checkpoint_{e['step']}.pt and checkpoint_last.pt")
         elif kind == "overflow":
             self.line(f"update {e['step']}: fp16 gradient overflow, update skipped ({e['overflows']} so far)")
         elif kind == "averaged":
@@ -204,6 +214,7 @@ class Display:
         self._max_steps = e["max_steps"]
         where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
         if e["resumed_at"] is not None:
+            self.last_saved = e["resumed_at"]
             self.line(f"resuming {e['out_dir']} at update {e['resumed_at']}")
         self.line(f"training {e['preset']} ({e['params'] / 1e6:.1f}M parameters) on {where}, {e['precision']}")
         self.line(f"batch: --max-tokens {e['max_tokens']} x --update-freq {e['update_freq']} x {e['world_size']} "
@@ -224,7 +235,9 @@ class Display:
             self._live.start()
 
     def _status(self, e: dict) -> str:
-        return (f"update {e['step']}/{e['max_steps']}  epoch {e['epoch']}  loss {e['loss']:.3f}  ppl {e['ppl']:.2f}  "
+        # the loss is read from the device at log lines only: between them it is the last one read
+        losses = f"loss {e['loss']:.3f}  ppl {e['ppl']:.2f}" if "loss" in e else "loss -  ppl -"
+        return (f"update {e['step']}/{e['max_steps']}  epoch {e['epoch']}  {losses}  "
                 f"lr {e['lr']:.2e}  {e['tgt_tokens_per_s']:.0f} tgt tok/s  elapsed {_fmt_time(e['elapsed'])}  "
                 f"ETA {_fmt_time(e['eta'])}")
 

@@ -12,7 +12,7 @@ import threading
 from nmt_cli.errors import TrainingError
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.loop import Progress, Trainer, TrainResult
-from nmt_cli.training.plan import RunPlan, plan_run, write_run_config
+from nmt_cli.training.plan import RunPlan, agree_on_resume, plan_run, write_run_config
 from nmt_cli.training.runtime import free_port, setup_process, shutdown_process, torchrun_env
 
 
@@ -21,7 +21,7 @@ def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | No
     """Set up this process (device, threads, process group), train, tear down."""
     rt = setup_process(plan.launch, rank, local_rank, plan.cfg.threads, init_method)
     try:
-        return Trainer(plan, rt, progress).fit()
+        return Trainer(agree_on_resume(plan, rt), rt, progress).fit()
     finally:
         shutdown_process(rt)
 

@@ -55,16 +55,24 @@ MIN_FP16_SCALE = 2.0**-10
 
 @dataclass
 class UpdateStats:
-    """Totals over all ranks for one update, and the flags every rank agreed on."""
+    """One update: this rank's loss sums (a device tensor, read only when needed), the token totals over all ranks
+    and the flags every rank agreed on."""
 
-    loss_sum: float
-    nll_sum: float
+    losses: torch.Tensor  # [2] this rank's sums of the label-smoothed loss and the nll, on the training device
     tgt_tokens: float
     src_tokens: float
     stop: bool
     save: bool
     skipped: bool = False  # fp16 overflow: the update was not applied
     lr: float = 0.0
+
+    @property
+    def loss_sum(self) -> float:  # (reading it waits for the device)
+        return float(self.losses[0])
+
+    @property
+    def nll_sum(self) -> float:
+        return float(self.losses[1])
 
 
 @dataclass
@@ -215,10 +223,15 @@ class Trainer:
     # -- one update -----------------------------------------------------------------------------------------------
 
     def update(self, micro_batches: list[Batch], stop: bool = False, save_now: bool = False) -> UpdateStats:
-        """Forward/backward every micro-batch, agree on totals and flags, then one optimizer step."""
+        """Forward/backward every micro-batch, agree on token totals and flags, then one optimizer step.
+
+        Nothing here waits for the device: the batches' token counts are known on the host, the flags are agreed
+        over the host-side process group, and the loss stays on the device until `_read_losses` (log lines,
+        validations and saves). fp16 is the exception: whether the loss scaler skipped the update is read at once.
+        """
         rt, model = self.rt, self.model
         model.train()
-        local = torch.zeros(6, dtype=torch.float64, device=rt.device)
+        losses = torch.zeros(2, dtype=torch.float32, device=rt.device)
         for i, batch in enumerate(micro_batches):
             batch = batch.to(rt.device, non_blocking=True)
             sync = i == len(micro_batches) - 1 or not rt.distributed
@@ -227,21 +240,28 @@ class Trainer:
                     logits = model(batch.src, batch.tgt_in, batch.src_pad_mask)  # [B, T, V]
                 loss, nll, _ = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.label_smoothing, PAD_ID)
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            local[0] += loss.detach()
-            local[1] += nll
-            local[2] += batch.n_tgt_tokens
-            local[3] += batch.n_src_tokens
-        local[4], local[5] = float(stop), float(save_now)
-        loss_sum, nll_sum, tgt, src, stop_votes, save_votes = rt.all_reduce_sum(local).tolist()
-        stats = UpdateStats(loss_sum, nll_sum, tgt, src, stop_votes > 0, save_votes > 0)
-        if not math.isfinite(loss_sum) and self.scaler is None:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise TrainingError(f"the training loss became {loss_sum} at update {self.step + 1} (epoch {self.epoch}); "
-                                "lower --lr, raise --warmup or set --clip-norm, and resume from the last checkpoint")
+            losses += torch.stack([loss.detach(), nll])
+        tgt, src, stop_votes, save_votes = rt.agree_sum([sum(b.n_tgt_tokens for b in micro_batches),
+                                                        sum(b.n_src_tokens for b in micro_batches),
+                                                        float(stop), float(save_now)])
+        stats = UpdateStats(losses, tgt, src, stop_votes > 0, save_votes > 0)
         stats.lr = self._step_optimizer(tgt)
         if stats.lr < 0:
             stats.skipped, stats.lr = True, 0.0
         return stats
+
+    def _read_losses(self, pending: list[tuple[int, torch.Tensor]]) -> tuple[float, float]:
+        """Sums over all ranks of the loss and nll of the updates in `pending` ((step, losses) pairs); the one place
+        the loop waits for the device. A loss that is not finite stops the run naming its update."""
+        if not pending:
+            return 0.0, 0.0
+        values = self.rt.all_reduce_sum(torch.stack([t for _, t in pending]).to(torch.float64)).tolist()
+        for (step, _), (loss, _) in zip(pending, values, strict=True):
+            if not math.isfinite(loss):
+                raise TrainingError(f"the training loss became {loss} at update {step}; lower --lr, raise --warmup "
+                                    "or set --clip-norm, and resume from the last checkpoint")
+        pending.clear()
+        return sum(v[0] for v in values), sum(v[1] for v in values)
 
     def _step_optimizer(self, tgt_tokens: float) -> float:
         """Normalise summed gradients by the update's target tokens, clip, set the lr, step. -1.0 if skipped."""
@@ -396,6 +416,8 @@ class Trainer:
         metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
         self._emit(start)
         window, history, valid, stopped_by = Window(), [], None, "max_steps"
+        pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
+        shown: dict = {}  # the last loss figures read (for the live display between log lines)
         session_start = last_save = time.monotonic()
         elapsed_before = self.elapsed
         saved_at = validated_at = -1
@@ -416,23 +438,26 @@ class Trainer:
                     self._emit({"kind": "overflow", "step": self.step, "overflows": self.overflows})
                 else:
                     self.step += 1
-                    window.add(stats, time.monotonic() - t0)
+                    pending.append((self.step, stats.losses))
+                    window.add(stats.tgt_tokens, stats.src_tokens, time.monotonic() - t0)
                 self.elapsed = elapsed_before + time.monotonic() - session_start
-                summary = window.summary()
-                self._emit({"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
-                            "elapsed": self.elapsed, "eta": self._eta(window.seconds / max(window.updates, 1)),
-                            "max_steps": plan.max_steps, **summary})
                 if self.step % cfg.log_every == 0 or stats.stop:
+                    window.add_losses(*self._read_losses(pending))
+                    shown = window.summary()
                     record = {"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
-                              "elapsed": round(self.elapsed, 3), "overflows": self.overflows, **summary}
+                              "elapsed": round(self.elapsed, 3), "overflows": self.overflows, **shown}
                     metrics.write(record)
                     history.append(record)
                     window = Window()
+                self._emit({"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
+                            "elapsed": self.elapsed, "eta": self._eta(window.seconds / max(window.updates, 1)),
+                            "max_steps": plan.max_steps, **shown, **window.speed()})
                 if stats.stop:
                     stopped_by = "signal" if signals.signum is not None else "max_time"
                     break
                 save_due = stats.save or bool(cfg.save_every and self.step % cfg.save_every == 0)
                 if save_due or (cfg.valid_every and self.step % cfg.valid_every == 0):
+                    window.add_losses(*self._read_losses(pending))  # never validate or save a diverged model
                     valid, validated_at = self._validate_and_track(metrics), self.step
                     if save_due:
                         self.save(periodic=True, valid=valid)
@@ -441,6 +466,13 @@ class Trainer:
                         stopped_by = "patience"
                         break
             signum = signals.signum
+            self._read_losses(pending)
+            if stopped_by == "signal":
+                # torchrun kills a process 30 s after SIGTERM: save the state first, and nothing else
+                self._loader.shutdown(wait=False, cancel_futures=True)
+                if saved_at != self.step:
+                    self.save(periodic=False, valid=None)
+                return self._finish(metrics, stopped_by, signum, None, None, history, None)
         # the end: validate and save the final state unless that just happened
         if validated_at != self.step:
             valid = self._validate_and_track(metrics)
@@ -448,6 +480,10 @@ class Trainer:
             self.save(periodic=True, valid=valid)
         averaged = self._average_at_end()
         digests = self.rt.gather_objects(self.weights_digest()) if rt.distributed else None
+        return self._finish(metrics, stopped_by, signum, valid, averaged, history, digests)
+
+    def _finish(self, metrics: MetricsLog, stopped_by: str, signum: int | None, valid: dict | None,
+                averaged: str | None, history: list, digests: list | None) -> TrainResult:
         result = TrainResult(str(self.out_dir), self.step, self.epoch, self.elapsed, stopped_by,
                              str(self.out_dir / LAST), str(self.out_dir / BEST) if (self.out_dir / BEST).exists()
                              else None, averaged, valid, self.best, self.overflows, signum, history,

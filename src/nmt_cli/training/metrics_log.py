@@ -6,11 +6,6 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from nmt_cli.training.loop import UpdateStats
-
 
 METRICS_JSONL = "metrics.jsonl"
 
@@ -53,7 +48,7 @@ class MetricsLog:
 
 @dataclass
 class Window:
-    """Sums over the updates since the last log line."""
+    """Sums over the updates since the last log line (the losses are added when they are read from the device)."""
 
     loss: float = 0.0
     nll: float = 0.0
@@ -62,18 +57,22 @@ class Window:
     updates: int = 0
     seconds: float = 0.0
 
-    def add(self, stats: UpdateStats, seconds: float) -> None:
-        self.loss += stats.loss_sum
-        self.nll += stats.nll_sum
-        self.tgt_tokens += stats.tgt_tokens
-        self.src_tokens += stats.src_tokens
+    def add(self, tgt_tokens: float, src_tokens: float, seconds: float) -> None:
+        self.tgt_tokens += tgt_tokens
+        self.src_tokens += src_tokens
         self.updates += 1
         self.seconds += seconds
 
-    def summary(self) -> dict:
-        tok = max(self.tgt_tokens, 1.0)
-        return {"loss": self.loss / tok, "nll_loss": self.nll / tok,
-                "ppl": math.exp(min(self.nll / tok, 50.0)),
-                "tgt_tokens_per_s": self.tgt_tokens / max(self.seconds, 1e-9),
+    def add_losses(self, loss: float, nll: float) -> None:
+        self.loss += loss
+        self.nll += nll
+
+    def speed(self) -> dict:
+        return {"tgt_tokens_per_s": self.tgt_tokens / max(self.seconds, 1e-9),
                 "src_tokens_per_s": self.src_tokens / max(self.seconds, 1e-9),
                 "tgt_tokens_per_update": self.tgt_tokens / max(self.updates, 1)}
+
+    def summary(self) -> dict:
+        tok = max(self.tgt_tokens, 1.0)
+        return {"loss": self.loss / tok, "nll_loss": self.nll / tok, "ppl": math.exp(min(self.nll / tok, 50.0)),
+                **self.speed()}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -15,7 +17,7 @@ from nmt_cli.checkpoint import load
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data.batching import make_batches
 from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest
-from nmt_cli.errors import CheckpointError, ConfigError, DataError
+from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.training.checkpoints import LAST
 from nmt_cli.training.config import (
     BatchPlan,
@@ -24,7 +26,7 @@ from nmt_cli.training.config import (
     resolve_keep_last,
     resolve_save_minutes,
 )
-from nmt_cli.training.runtime import Launch, plan_launch
+from nmt_cli.training.runtime import Launch, Runtime, plan_launch, torchrun_env
 from nmt_cli.training.schedule import peak_lr
 
 CONFIG_JSON = "config.json"
@@ -83,7 +85,11 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir} is a file; pass a directory for the run")
-    resume_from = _check_resume(cfg, out_dir, model_config, (data_dir / SPM_MODEL).read_bytes())
+    env = torchrun_env()
+    # Rank 0 decides whether and from where to resume (`agree_on_resume`): the other ranks' run directories may
+    # not be the same storage (several nodes), and a rank refusing here would leave the others waiting for it.
+    resume_from = (_check_resume(cfg, out_dir, model_config, (data_dir / SPM_MODEL).read_bytes())
+                   if env is None or env[0] == 0 else None)
     return RunPlan(
         cfg=cfg, launch=launch, model_config=model_config, batching=batching,
         warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=cfg.max_steps or cfg.recipe("max_steps"),
@@ -117,6 +123,40 @@ def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, to
     return str(last)
 
 
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def agree_on_resume(plan: RunPlan, rt: Runtime) -> RunPlan:
+    """After the process group starts: every rank resumes from the checkpoint rank 0 chose (path and sha256) or
+    starts fresh as rank 0 does. A rank that cannot read that very file stops the whole run, every rank raising
+    the same one-line error (without this, a node that does not share the run directory would restart at update
+    0 with fresh Adam state while the others resume: the weights drift apart and the collectives hang)."""
+    if not rt.distributed:
+        return plan
+    decision = None
+    if rt.is_main and plan.resume_from is not None:
+        decision = {"path": plan.resume_from, "sha256": file_sha256(plan.resume_from)}
+    decision = rt.broadcast_object(decision)
+    problem = None
+    if decision is not None and not rt.is_main:
+        path = Path(decision["path"])
+        if not path.is_file():
+            problem = (f"rank {rt.rank} cannot see {path}, the checkpoint rank 0 resumes from; put the run "
+                       "directory (-o) on storage every node shares (or copy it to every node) and start again")
+        elif file_sha256(path) != decision["sha256"]:
+            problem = (f"rank {rt.rank} sees another {path} than rank 0 (different bytes); put the run directory "
+                       "(-o) on storage every node shares (or copy rank 0's to every node) and start again")
+    problems = [p for p in rt.gather_objects(problem) if p]
+    if problems:
+        raise TrainingError(problems[0])
+    return dataclasses.replace(plan, resume_from=None if decision is None else decision["path"])
 
 
 def write_run_config(plan: RunPlan) -> None:

@@ -115,6 +115,7 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    host_group: object = None  # process group for host values (None: the default group, gloo on CPU)
 
     @property
     def world_size(self) -> int:
@@ -163,6 +164,15 @@ class Runtime:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
+    def agree_sum(self, values: list[float]) -> list[float]:
+        """The sums over all ranks of a few host numbers (token counts, flags), without touching the device: over
+        gloo (the default group on CPU, a second group beside NCCL on GPUs)."""
+        if not self.distributed:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.host_group)
+        return t.tolist()
+
     def broadcast_float(self, value: float | None) -> float | None:
         """Rank 0's value on every rank (NaN stands for None)."""
         if not self.distributed:
@@ -171,6 +181,14 @@ class Runtime:
         dist.broadcast(t, src=0)
         out = float(t.item())
         return None if out != out else out
+
+    def broadcast_object(self, obj):
+        """Rank 0's `obj` (a small picklable value) on every rank."""
+        if not self.distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        return box[0]
 
     def gather_objects(self, obj) -> list:
         """Every rank's `obj` (a small picklable value), in rank order, on every rank."""
@@ -203,10 +221,14 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
         threads = max(1, (os.cpu_count() or 1) // max(1, local_procs))
     if threads is not None:
         torch.set_num_threads(threads)
-    if launch.distributed and not dist.is_initialized():
-        dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
-                                world_size=launch.world_size, timeout=datetime.timedelta(minutes=30))
-    return Runtime(launch, rank, local_rank, device)
+    host_group = None
+    if launch.distributed:
+        if not dist.is_initialized():
+            dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
+                                    world_size=launch.world_size, timeout=datetime.timedelta(minutes=30))
+        if dist.get_backend() != "gloo":  # NCCL: host numbers go over a gloo group, never through the GPU
+            host_group = dist.new_group(backend="gloo")
+    return Runtime(launch, rank, local_rank, device, host_group)
 
 
 def shutdown_process(runtime: Runtime) -> None:
