@@ -96,6 +96,24 @@ def test_loss_drops_and_run_dir_is_complete(toy_data_dir, tmp_path):
     assert load(run / "averaged.pt").train_state is None
 
 
+def test_one_name_one_number_for_the_validation_figures(toy_data_dir, tmp_path):
+    """The live display, the end summary and metrics.jsonl give the validation figure "best" tracks under one name
+    and with one value."""
+    run = tmp_path / "run"
+    r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "12", "--valid-every", "4", "--log-every", "4"))
+    assert r.returncode == 0, r.stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    valids = [e for e in records if e["kind"] == "valid"]
+    end = [e for e in records if e["kind"] == "end"][-1]
+    best = min(valids, key=lambda e: e["valid_nll"])
+    assert end["best_valid_nll"] == best["valid_nll"] and end["best_step"] == best["step"]
+    assert all(e["best_valid_nll"] == min(v["valid_nll"] for v in valids[: i + 1]) for i, e in enumerate(valids))
+    for e in valids:  # each validation line shows the figures under the same names and values
+        assert f"valid_nll {e['valid_nll']:.4f}  valid_ppl {e['valid_ppl']:.2f}" in r.stderr
+    assert f"best valid_nll {best['valid_nll']:.4f} at update {best['step']}" in r.stderr
+    assert "valid loss" not in r.stderr and "best validation" not in r.stderr
+
+
 def test_bf16_autocast_trains_on_cpu(toy_data_dir, tmp_path):
     result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=30, precision="bf16"))
     assert math.isfinite(result.history[-1]["loss"])
@@ -258,6 +276,60 @@ def test_a_second_signal_during_the_save_stops_at_once_with_one_line(toy_data_di
     assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_stale_temporary_files_are_removed_and_files_follow_the_umask(toy_data_dir, tmp_path):
+    run = tmp_path / "run"
+    old = os.umask(0o027)
+    try:
+        train(small_cfg(toy_data_dir, run, max_steps=2))
+        # what kill -9 during a save leaves: a temporary file beside the checkpoint (and one of config.json)
+        (run / "checkpoint_last.pt.k2j4x9.tmp").write_bytes(b"x" * 1000)
+        (run / "config.json.ab12.tmp").write_text("{")
+        (run / "notes.txt").write_text("mine")
+        train(small_cfg(toy_data_dir, run, max_steps=4))
+    finally:
+        os.umask(old)
+    assert sorted(p.name for p in run.iterdir() if p.name.endswith(".tmp")) == []
+    assert (run / "notes.txt").read_text() == "mine"
+    for name in ("checkpoint_last.pt", "checkpoint_4.pt", "config.json"):
+        assert (run / name).stat().st_mode & 0o777 == 0o640, name  # 0666 less the umask, not mkstemp's 0600
+
+
+def test_a_full_disk_is_one_line_and_the_last_checkpoint_stays(toy_data_dir, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from nmt_cli.cli import main
+
+    run = tmp_path / "run"
+    train(small_cfg(toy_data_dir, run, max_steps=2))
+    before = (run / "checkpoint_last.pt").read_bytes()
+
+    def full_disk(obj, f, *a, **kw):
+        f.write(b"PK\x03\x04 part of a checkpoint")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointError, match="No space left on device.*keeps its previous content"):
+        train(small_cfg(toy_data_dir, run, max_steps=4))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:  # the console script: one line, exit 1
+        main([str(a) for a in _cli_args(toy_data_dir, run, "--max-steps", "6")])
+    assert exit_info.value.code == 1
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "No space left on device" in errors[0]
+    assert (run / "checkpoint_last.pt").read_bytes() == before
+    assert not [p for p in run.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_unwritable_run_directory_is_refused_before_training(toy_data_dir, tmp_path, monkeypatch):
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p).startswith(str(tmp_path / "ro"))
+                        else real_access(p, mode))
+    (tmp_path / "ro").mkdir()
+    with pytest.raises(ConfigError, match="not writable"):
+        plan_run(small_cfg(toy_data_dir, tmp_path / "ro" / "run", max_steps=2))
+    assert not (tmp_path / "ro" / "run").exists()
+
+
 def test_max_time_stops_and_time_based_checkpoints_average(toy_data_dir, tmp_path):
     run = tmp_path / "run"
     result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3))
@@ -271,8 +343,8 @@ def test_max_epochs_and_patience(toy_data_dir, tmp_path):
     result = train(small_cfg(toy_data_dir, tmp_path / "e", max_epochs=2))
     assert result.stopped_by == "max_epochs" and result.epoch == 3
     trainer = _fresh_trainer(toy_data_dir, tmp_path / "p")
-    assert trainer._improved({"valid_nll_loss": 2.0}) and trainer._improved({"valid_nll_loss": 1.5})
-    assert not trainer._improved({"valid_nll_loss": 1.7}) and trainer.bad_valids == 1
+    assert trainer._improved({"valid_nll": 2.0}) and trainer._improved({"valid_nll": 1.5})
+    assert not trainer._improved({"valid_nll": 1.7}) and trainer.bad_valids == 1
 
 
 def test_valid_bleu_uses_beam_search(toy_data_dir, tmp_path):

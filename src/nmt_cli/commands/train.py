@@ -165,10 +165,12 @@ def _fmt_time(seconds: float | None) -> str:
 
 
 def _fmt_valid(e: dict) -> str:
-    text = f"valid loss {e['valid_loss']:.3f} ppl {e['valid_ppl']:.2f}"
+    """The validation figures under the names metrics.jsonl uses (valid_nll is what "best" tracks unless
+    --valid-bleu)."""
+    text = f"valid_nll {e['valid_nll']:.4f}  valid_ppl {e['valid_ppl']:.2f}  valid_loss {e['valid_loss']:.4f}"
     if e.get("valid_bleu") is not None:
-        text += f" BLEU {e['valid_bleu']:.2f}"
-    return text + (" (best)" if e.get("improved") else "")
+        text += f"  valid_bleu {e['valid_bleu']:.2f}"
+    return text + (f"  (best {e['criterion']} so far)" if e.get("improved") else "")
 
 
 class Display:
@@ -206,13 +208,17 @@ class Display:
             self.line(f"averaged the last {e['n']} checkpoints -> {e['path']}")
         elif kind == "end":
             self.close()
-            best = f", best validation {e['best_valid']:.4g}" if e.get("best_valid") is not None else ""
+            best = (f", best {e['criterion']} {e['best_valid']:.4f} at update {e['best_step']}"
+                    if e.get("best_valid") is not None else "")
             self.line(f"done: {e['step']} updates in {_fmt_time(e['elapsed'])} (stopped by {e['stopped_by']})"
                       f"{best}; checkpoints in {e['out_dir']}")
 
     def _start(self, e: dict) -> None:
         self._max_steps = e["max_steps"]
         where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
+        if e.get("stale_tmp_removed"):
+            self.line(f"removed {e['stale_tmp_removed']} temporary file(s) ({e['stale_tmp_bytes'] / 2**20:.0f} MB) "
+                      "that an interrupted save left in the run directory")
         if e["resumed_at"] is not None:
             self.last_saved = e["resumed_at"]
             self.line(f"resuming {e['out_dir']} at update {e['resumed_at']}")

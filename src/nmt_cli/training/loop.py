@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt_cli.checkpoint import Checkpoint, load, save
+from nmt_cli.checkpoint import Checkpoint, load, remove_stale_tmp, save
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
 from nmt_cli.data.store import SPM_MODEL, Batch, ParallelData, collate, load_manifest
@@ -86,7 +86,9 @@ class TrainResult:
     best: str | None = None
     averaged: str | None = None
     valid: dict | None = None
-    best_valid: float | None = None
+    best_valid: float | None = None  # the best value of `criterion`, reached at update `best_step`
+    criterion: str = "valid_nll"
+    best_step: int | None = None
     overflows: int = 0
     signum: int | None = None
     history: list = field(default_factory=list)
@@ -126,6 +128,8 @@ class Trainer:
         self.scaler = rt.make_scaler()
         self.step, self.epoch, self.pos = 0, 1, 0
         self.elapsed, self.best, self.bad_valids, self.overflows = 0.0, None, 0, 0
+        self.best_step: int | None = None
+        self.criterion = "valid_bleu" if cfg.valid_bleu else "valid_nll"  # what "best" means
         if plan.resume_from:
             self._restore(load(plan.resume_from))
         self.model = torch.compile(self.module) if cfg.compile else self.module
@@ -139,6 +143,8 @@ class Trainer:
                        else {"broadcast_buffers": False})  # (torch >= 2.13 renamed the option)
             self.model = DDP(self.model, device_ids=[rt.local_rank] if device.type == "cuda" else None,
                              gradient_as_bucket_view=True, **no_sync)
+        # what a killed save left behind (kill -9 during torch.save: NAME.XXXX.tmp files of up to a checkpoint each)
+        self._stale = remove_stale_tmp(self.out_dir) if rt.is_main and self.out_dir.is_dir() else (0, 0)
         self._epoch_cache: dict[int, list] = {}
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-batches")
         self._prefetch = None  # ((epoch, pos) the batches start at, Future of their collation)
@@ -153,7 +159,7 @@ class Trainer:
             if self.scaler is not None and ts.get("scaler"):
                 self.scaler.load_state_dict(ts["scaler"])
             self.step, self.epoch, self.pos = int(ts["step"]), int(ts["epoch"]), int(ts["pos"])
-            self.elapsed, self.best = float(ts["elapsed"]), ts.get("best")
+            self.elapsed, self.best, self.best_step = float(ts["elapsed"]), ts.get("best"), ts.get("best_step")
             self.bad_valids, self.overflows = int(ts.get("bad_valids", 0)), int(ts.get("overflows", 0))
             saved_world = int(ts.get("world_size", 1))
             rngs = ts.get("rng") or []
@@ -169,6 +175,7 @@ class Trainer:
     def _train_state(self, rngs: list) -> dict:
         return {
             "step": self.step, "epoch": self.epoch, "pos": self.pos, "elapsed": self.elapsed, "best": self.best,
+            "best_step": self.best_step,
             "bad_valids": self.bad_valids, "overflows": self.overflows, "world_size": self.rt.world_size,
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -309,8 +316,9 @@ class Trainer:
         if not math.isfinite(loss):
             raise TrainingError(f"the validation loss became {loss} at update {self.step}; the model diverged: lower "
                                 "--lr, raise --warmup or set --clip-norm, and resume from an earlier checkpoint")
-        out = {"valid_loss": loss / n, "valid_nll_loss": nll / n,
-               "valid_ppl": math.exp(min(nll / n, 50.0))}
+        # the names used everywhere (display, metrics.jsonl, checkpoint meta): valid_nll (per target token,
+        # without label smoothing), valid_ppl = exp(valid_nll), valid_loss (label-smoothed, the training objective)
+        out = {"valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50.0)), "valid_loss": loss / n}
         if self.cfg.valid_bleu:
             out["valid_bleu"] = rt.broadcast_float(self._valid_bleu() if rt.is_main else None)
         module.train()
@@ -339,9 +347,9 @@ class Trainer:
         if self.cfg.valid_bleu:
             value, better = valid["valid_bleu"], (lambda a, b: a > b)
         else:
-            value, better = valid["valid_nll_loss"], (lambda a, b: a < b)
+            value, better = valid["valid_nll"], (lambda a, b: a < b)
         if self.best is None or better(value, self.best):
-            self.best, self.bad_valids = value, 0
+            self.best, self.best_step, self.bad_valids = value, self.step, 0
             return True
         self.bad_valids += 1
         return False
@@ -398,6 +406,7 @@ class Trainer:
             "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, self.cfg.lr), "warmup": plan.warmup,
             "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
             "save_minutes": plan.save_minutes, "resumed_at": self.step if plan.resume_from else None,
+            "stale_tmp_removed": self._stale[0], "stale_tmp_bytes": self._stale[1],
             "out_dir": str(self.out_dir),
         }
 
@@ -484,13 +493,15 @@ class Trainer:
 
     def _finish(self, metrics: MetricsLog, stopped_by: str, signum: int | None, valid: dict | None,
                 averaged: str | None, history: list, digests: list | None) -> TrainResult:
-        result = TrainResult(str(self.out_dir), self.step, self.epoch, self.elapsed, stopped_by,
-                             str(self.out_dir / LAST), str(self.out_dir / BEST) if (self.out_dir / BEST).exists()
-                             else None, averaged, valid, self.best, self.overflows, signum, history,
-                             None if digests is None else len(set(digests)) == 1)
+        best = self.out_dir / BEST
+        result = TrainResult(
+            out_dir=str(self.out_dir), step=self.step, epoch=self.epoch, elapsed=self.elapsed, stopped_by=stopped_by,
+            last=str(self.out_dir / LAST), best=str(best) if best.exists() else None, averaged=averaged, valid=valid,
+            best_valid=self.best, criterion=self.criterion, best_step=self.best_step, overflows=self.overflows,
+            signum=signum, history=history, ranks_agree=None if digests is None else len(set(digests)) == 1)
         self._loader.shutdown(wait=False, cancel_futures=True)
         metrics.write({"kind": "end", "step": self.step, "stopped_by": stopped_by, "elapsed": self.elapsed,
-                       "best": self.best, "overflows": self.overflows})
+                       f"best_{self.criterion}": self.best, "best_step": self.best_step, "overflows": self.overflows})
         metrics.close()
         self._emit({"kind": "end", **asdict(result)})
         return result
@@ -502,8 +513,8 @@ class Trainer:
         improved = self._improved(valid)
         if improved:
             self.save_best(valid)
-        record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **valid, "best": self.best,
-                  "improved": improved}
+        record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **valid,
+                  f"best_{self.criterion}": self.best, "improved": improved, "criterion": self.criterion}
         metrics.write(record)
         self._emit(record)
         return valid

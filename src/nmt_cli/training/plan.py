@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoint import load
+from nmt_cli.checkpoint import atomic_write, load
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data.batching import make_batches
 from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest
@@ -85,6 +85,7 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir} is a file; pass a directory for the run")
+    _check_writable(out_dir)
     env = torchrun_env()
     # Rank 0 decides whether and from where to resume (`agree_on_resume`): the other ranks' run directories may
     # not be the same storage (several nodes), and a rank refusing here would leave the others waiting for it.
@@ -98,6 +99,16 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         has_valid="valid" in manifest["splits"],
         mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
     )
+
+
+def _check_writable(out_dir: Path) -> None:
+    """The run directory (or the nearest existing parent it would be created in) must be writable."""
+    existing = out_dir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"-o {out_dir}: {existing} is not writable (read-only storage or permissions); "
+                          "pick another -o or fix the permissions")
 
 
 def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, tokenizer: bytes) -> str | None:
@@ -162,7 +173,10 @@ def agree_on_resume(plan: RunPlan, rt: Runtime) -> RunPlan:
 def write_run_config(plan: RunPlan) -> None:
     """RUN_DIR/config.json: the options as given and as resolved."""
     out = plan.out_dir
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run directory {out}: {exc.strerror or exc}; pick another -o") from exc
     resolved = {
         "nmt_version": __version__, "torch_version": torch.__version__,
         "options": _plain(plan.cfg.to_dict()), "model": plan.model_config.to_dict(),
@@ -173,9 +187,7 @@ def write_run_config(plan: RunPlan) -> None:
         "max_steps": plan.max_steps, "save_every_minutes": plan.save_minutes, "keep_last": plan.keep_last,
         "langs": plan.langs, "resumed_from": plan.resume_from,
     }
-    tmp = out / (CONFIG_JSON + ".tmp")
-    tmp.write_text(json.dumps(resolved, indent=2) + "\n")
-    os.replace(tmp, out / CONFIG_JSON)
+    atomic_write(out / CONFIG_JSON, lambda f: f.write((json.dumps(resolved, indent=2) + "\n").encode()))
 
 
 
