@@ -441,6 +441,49 @@ def test_fp16_on_cpu_is_refused(toy_data_dir, tmp_path):
         plan_run(small_cfg(toy_data_dir, tmp_path / "run", precision="fp16", gpus=0))
 
 
+@pytest.fixture()
+def fake_gpus(monkeypatch):
+    """Pretend to have GPUs of the given compute capabilities (only what plan_launch looks at)."""
+    from nmt_cli.training import runtime
+
+    def install(*capabilities):
+        names = {(7, 0): "Tesla V100", (7, 5): "Tesla T4", (8, 0): "A100", (9, 0): "H200"}
+        monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(runtime.torch.cuda, "device_count", lambda: len(capabilities))
+        monkeypatch.setattr(runtime.torch.cuda, "get_device_capability", lambda i=0: capabilities[i])
+        monkeypatch.setattr(runtime.torch.cuda, "get_device_name", lambda i=0: names[capabilities[i]])
+        # torch's own test says True for a V100 (emulated bf16): nmt must not ask it
+        monkeypatch.setattr(runtime.torch.cuda, "is_bf16_supported", lambda *a, **kw: True)
+
+    return install
+
+
+def test_precision_auto_uses_bf16_only_where_it_is_native(fake_gpus):
+    from nmt_cli.training.runtime import plan_launch
+
+    fake_gpus((9, 0), (8, 0))
+    assert plan_launch(2, 1, "auto").precision == "bf16"
+    fake_gpus((7, 0), (7, 0))
+    assert plan_launch(2, 1, "auto").precision == "fp16"
+    assert plan_launch(1, 1, "fp32").precision == "fp32"
+    with pytest.raises(DeviceError, match=r"GPU 0 \(Tesla V100, compute capability 7.0\) has no native bf16.*fp16"):
+        plan_launch(1, 1, "bf16")
+    fake_gpus((8, 0), (7, 5))  # a mixed machine: every GPU used must have it
+    assert plan_launch(1, 1, "auto").precision == "bf16" and plan_launch(2, 1, "auto").precision == "fp16"
+
+
+def test_precision_under_torchrun_is_checked_on_this_ranks_gpu(fake_gpus, monkeypatch):
+    from nmt_cli.training.runtime import plan_launch
+
+    fake_gpus((8, 0), (7, 5))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert plan_launch(None, 1, "auto").precision == "fp16"
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert plan_launch(None, 1, "auto").precision == "bf16"
+
+
 def test_fp16_loss_scaler_skips_and_counts_overflowed_updates(toy_data_dir, tmp_path, monkeypatch):
     """The fp16 path (autocast + dynamic loss scaling), exercised on CPU where torch supports it: an update whose
     gradients overflow is skipped (weights untouched, scale halved), counted, and does not advance the step."""

@@ -76,3 +76,24 @@ def test_fused_formulation_for_the_gpu_matches_reference(dtype):
     tol = dict(rtol=1e-5, atol=1e-6) if grad_dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(grad.float(), b.grad, **tol)
     assert grad[::5].abs().sum() == 0
+
+
+def test_fp16_logits_keep_a_float32_gradient_until_it_is_scaled():
+    """fp16 training scales the loss by up to 2^15: the gradient eps / V (2.7e-6 for 37k tokens) must be scaled
+    before it is rounded to fp16, where it would be subnormal (a few bits of precision)."""
+    torch.manual_seed(2)
+    v = 37000
+    logits = torch.randn(6, v).to(torch.float16)
+    target = torch.randint(4, v, (6,))
+    a = logits.clone().requires_grad_()
+    loss, _, _ = label_smoothed_cross_entropy(a, target, 0.1)
+    scale = 2.0**15
+    (scale * loss).backward()
+    b = logits.float().clone().requires_grad_()
+    ref_loss, _ = reference(b, target, 0.1)
+    (scale * ref_loss).backward()
+    assert a.grad.dtype == torch.float16 and torch.isfinite(a.grad).all()
+    rel = ((a.grad.float() - b.grad).abs() / b.grad.abs())[b.grad.abs() > 0]
+    # every element within fp16's rounding (5e-4 relative) of the exact scaled gradient; rounding the unscaled
+    # gradient to fp16 first flushed 384 of these 222,000 elements to 0 and left a median error of 9e-4
+    assert rel.max().item() < 1e-3 and rel.median().item() < 3e-4

@@ -27,7 +27,7 @@ from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, search
 from nmt_cli.training import checkpoints as training_ckpts
-from nmt_cli.training.runtime import cpu_has_fast_bf16
+from nmt_cli.training.runtime import cpu_has_fast_bf16, gpu_has_native_bf16
 
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -171,6 +171,10 @@ class Translator:
         if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not cpu_has_fast_bf16():
             self.warn("slow bf16", "this CPU has no native bf16 (AMX or AVX512-BF16): bf16 runs slower than fp32 "
                                    "here (about 4x for matrix products); use --precision fp32")
+        if self.dtype == torch.bfloat16 and self.device.type == "cuda" and not gpu_has_native_bf16(
+                self.device.index or 0):
+            self.warn("slow bf16", "this GPU has no native bf16 (compute capability below 8.0): bf16 is emulated "
+                                   "and slow here; use --precision fp16")
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
         self.model = models[0] if len(models) == 1 else Ensemble(models)

@@ -41,17 +41,28 @@ def cpu_has_fast_bf16() -> bool:
     return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
-def resolve_precision(precision: str, device_type: str) -> str:
-    """auto -> bf16 where the device runs it fast (CPU with AMX/AVX512-BF16, GPU with bf16), fp16 on older GPUs,
-    else fp32. Raises DeviceError for fp16 on CPU and bf16 on a GPU without it."""
+def gpu_has_native_bf16(index: int) -> bool:
+    """Compute capability >= 8.0 (Ampere and later: bf16 tensor cores). `torch.cuda.is_bf16_supported()` is not
+    this test: it also says True on a V100 or T4, where bf16 is emulated and slow, and it asks the current device."""
+    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
+
+
+def resolve_precision(precision: str, device_type: str, gpus: list[int] | tuple[int, ...] = (0,)) -> str:
+    """auto -> bf16 where the hardware runs it natively (CPU with AMX/AVX512-BF16, GPUs of compute capability
+    >= 8.0, all of `gpus`), fp16 with loss scaling on older GPUs, else fp32. Raises DeviceError for fp16 on CPU and
+    bf16 on a GPU without native bf16."""
     if precision == "auto":
         if device_type == "cuda":
-            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            return "bf16" if all(gpu_has_native_bf16(i) for i in gpus) else "fp16"
         return "bf16" if cpu_has_fast_bf16() else "fp32"
     if precision == "fp16" and device_type == "cpu":
         raise DeviceError("fp16 training needs a GPU; on CPU use --precision bf16 (or fp32)")
-    if precision == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise DeviceError("this GPU does not support bf16; use --precision fp16 (or fp32)")
+    if precision == "bf16" and device_type == "cuda":
+        for i in gpus:
+            if not gpu_has_native_bf16(i):
+                major, minor = torch.cuda.get_device_capability(i)
+                raise DeviceError(f"GPU {i} ({torch.cuda.get_device_name(i)}, compute capability {major}.{minor}) has "
+                                  "no native bf16 (it needs 8.0 or later); use --precision fp16 (or fp32)")
     return precision
 
 
@@ -83,11 +94,11 @@ def plan_launch(gpus: int | None, cpu_procs: int, precision: str) -> Launch:
     n_cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     env = torchrun_env()
     if env is not None:
-        _, world, _ = env
+        _, world, local_rank = env
         device_type = "cuda" if (gpus != 0 and n_cuda > 0) else "cpu"
         backend = "nccl" if device_type == "cuda" else "gloo"
         return Launch(device_type, world, backend if world > 1 else None, True,
-                      resolve_precision(precision, device_type))
+                      resolve_precision(precision, device_type, [local_rank]))
     if gpus is None:
         gpus = 1 if (n_cuda > 0 and cpu_procs == 1) else 0
     if gpus > n_cuda:
@@ -95,7 +106,8 @@ def plan_launch(gpus: int | None, cpu_procs: int, precision: str) -> Launch:
         raise DeviceError(f"--gpus {gpus} asked for {gpus} GPU(s) but this machine has {where}; "
                           "lower --gpus (or use --gpus 0 for CPU)")
     if gpus > 0:
-        return Launch("cuda", gpus, "nccl" if gpus > 1 else None, False, resolve_precision(precision, "cuda"))
+        return Launch("cuda", gpus, "nccl" if gpus > 1 else None, False,
+                      resolve_precision(precision, "cuda", list(range(gpus))))
     if cpu_procs > (os.cpu_count() or 1) * 4:
         raise ConfigError(f"--cpu-procs {cpu_procs} is far more than this machine's {os.cpu_count()} cores")
     return Launch("cpu", cpu_procs, "gloo" if cpu_procs > 1 else None, False, resolve_precision(precision, "cpu"))
