@@ -93,7 +93,10 @@ def test_fp16_logits_keep_a_float32_gradient_until_it_is_scaled():
     ref_loss, _ = reference(b, target, 0.1)
     (scale * ref_loss).backward()
     assert a.grad.dtype == torch.float16 and torch.isfinite(a.grad).all()
-    rel = ((a.grad.float() - b.grad).abs() / b.grad.abs())[b.grad.abs() > 0]
-    # every element within fp16's rounding (5e-4 relative) of the exact scaled gradient; rounding the unscaled
-    # gradient to fp16 first flushed 384 of these 222,000 elements to 0 and left a median error of 9e-4
-    assert rel.max().item() < 1e-3 and rel.median().item() < 3e-4
+    # every element within fp16's rounding of the exact scaled gradient (relative to eps / V where softmax - q
+    # cancels to about 0); rounding the unscaled gradient to fp16 first flushed 384 of these 222,000 elements to 0
+    # and left a median error of 9e-4
+    floor = scale * 0.1 / v
+    rel = (a.grad.float() - b.grad).abs() / b.grad.abs().clamp_min(floor)
+    assert rel.max().item() < 2e-3 and rel.median().item() < 3e-4
+    assert not ((a.grad == 0) & (b.grad.abs() > floor)).any()
