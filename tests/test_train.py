@@ -68,6 +68,27 @@ def test_update_freq_auto_reaches_the_update_size(tmp_path):
     assert fixed.max_tokens_per_update == 6000
 
 
+def test_the_default_gpu_micro_batch_fits_the_gpu_and_keeps_the_update_size():
+    from nmt_cli.config import preset
+    from nmt_cli.training.config import train_memory_bytes
+
+    # the estimate against the peaks measured on an H200 (bf16): base 2.2 / 11.6 GiB, big 4.9 / 19.2 GiB
+    for name, tokens, gib in (("base", 3125, 2.2), ("base", 25000, 11.6), ("big", 3125, 4.9), ("big", 25000, 19.2)):
+        assert train_memory_bytes(preset(name), tokens) / 2**30 == pytest.approx(gib, rel=0.07)
+    big, base = TrainConfig("d", "o", preset="big"), TrainConfig("d", "o", preset="base")
+
+    def plan(cfg, gpus, memory_gb, precision="bf16"):
+        b = resolve_batching(cfg, gpus, "cuda", preset(cfg.preset), int(memory_gb * 1e9), precision)
+        return b.max_tokens, b.update_freq
+
+    assert plan(big, 1, 141) == (25000, 1)  # an H200 takes the whole update at once
+    assert plan(big, 1, 24) == (12500, 2)  # a 24 GB GPU accumulates two halves: same update size
+    assert plan(base, 1, 16, "fp16") == (12500, 2)
+    assert plan(big, 8, 16, "fp16") == (3125, 1)  # 8 GPUs: the paper's 3125 tokens each
+    pinned = TrainConfig("d", "o", preset="big", max_tokens=25000)  # an explicit --max-tokens is kept
+    assert resolve_batching(pinned, 1, "cuda", preset("big"), int(16e9)).max_tokens == 25000
+
+
 def test_time_based_saving_scales_with_max_time():
     assert resolve_save_minutes(TrainConfig("d", "o")) == 10.0
     assert resolve_save_minutes(TrainConfig("d", "o", max_time=4.5)) == pytest.approx(4.5 / 20)

@@ -227,6 +227,10 @@ class Display:
                   f"process(es) = at most {e['max_tokens_per_update']} padded tokens, ~{e['tgt_tokens_per_update']:.0f} "
                   f"target tokens per update ({e['batches_per_epoch']} batches/epoch, "
                   f"{100 * e['padding_efficiency']:.0f}% non-pad)")
+        if e["device"] == "cuda" and e["max_tokens"] < 6000:
+            self.line(f"note: micro-batches of {e['max_tokens']} tokens keep a large GPU waiting for kernel launches "
+                      "(an H200 took 31 ms per 3125-token update of base and of big alike); docs/train.md says how "
+                      "to use larger ones")
         stops = [f"{e['max_steps']} updates"]
         if e["max_time"]:
             stops.append(f"{e['max_time']:g} minutes")

@@ -68,7 +68,8 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         raise DataError(f"{data_dir}/{SPM_MODEL} is missing; re-run nmt prepare for this data directory")
     launch = plan_launch(cfg.gpus, cfg.cpu_procs, cfg.precision)
     model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
-    batching = resolve_batching(cfg, launch.world_size, launch.device_type)
+    batching = resolve_batching(cfg, launch.world_size, launch.device_type, model_config, _gpu_memory(launch),
+                                launch.precision)
     train = ParallelData(data_dir, "train", manifest)
     if len(train) == 0:
         raise DataError(f"{data_dir}: the train split is empty; re-run nmt prepare with more data")
@@ -99,6 +100,15 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         has_valid="valid" in manifest["splits"],
         mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
     )
+
+
+def _gpu_memory(launch: Launch) -> int | None:
+    """Bytes of memory of the smallest GPU this run uses (None on CPU)."""
+    if launch.device_type != "cuda":
+        return None
+    env = torchrun_env()
+    indices = [env[2]] if env is not None else range(launch.world_size)
+    return min(torch.cuda.get_device_properties(i).total_memory for i in indices)
 
 
 def _check_writable(out_dir: Path) -> None:
