@@ -4,7 +4,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= demo
-DEMO_MINUTES ?= 4.5
+DEMO_STEPS ?= 1200
 
 .PHONY: install test test-all demo lint bench clean
 
@@ -38,7 +38,7 @@ lint: install
 	$(BIN)/ruff check src tests bench
 
 demo: install
-	NMT_DEMO_DIR=$(DEMO_DIR) NMT_DEMO_MINUTES=$(DEMO_MINUTES) NMT=$(BIN)/nmt bash scripts/demo.sh
+	NMT_DEMO_DIR=$(DEMO_DIR) NMT_DEMO_STEPS=$(DEMO_STEPS) NMT=$(BIN)/nmt bash scripts/demo.sh
 
 bench: install
 	$(BIN)/python bench/prepare.py
