@@ -16,6 +16,11 @@ hypotheses have finished (the rule of OpenNMT-py and CTranslate2).
 
 Scores: `score = sum(log p) / lp(len)`, where `len` counts the generated tokens including EOS (not BOS) and
 `lp` is the GNMT form `((5 + len) / 6) ** alpha` or the fairseq form `len ** alpha`.
+
+Constraints, applied to every step's log-probabilities by `_constrain` (none costs anything when unused):
+`min_len` (no EOS before it), `no_repeat_ngram` (no n-gram twice in a hypothesis, fairseq's rule), a forced target
+prefix per sentence, and the maximum length (EOS forced). `sample_search` draws instead of searching
+(temperature, top-k, top-p), e.g. for back-translation.
 """
 
 from __future__ import annotations
@@ -45,12 +50,19 @@ class SearchConfig:
     nbest: int = 1  # hypotheses returned per sentence (at most `beam`)
     stop: str = "beam"  # "beam": done when `beam` hypotheses ended (fairseq); "top": when the top candidate ended
     use_cache: bool = True  # incremental decoding; False re-runs the decoder on the whole prefix (tests)
+    min_len: int = 0  # generated tokens (EOS excluded) before EOS is allowed
+    no_repeat_ngram: int = 0  # > 0: no n-gram of this size occurs twice in a hypothesis
+    sampling: bool = False  # draw `nbest` samples per sentence instead of searching
+    topk: int = 0  # sampling: draw from the k most probable tokens only (0: all)
+    topp: float = 1.0  # sampling: from the smallest set of tokens whose probability reaches p (1: all)
+    temperature: float = 1.0  # sampling: divide the logits by it
+    seed: int | None = None  # sampling: random seed (same seed, input and batching: same samples)
 
     def validate(self) -> SearchConfig:
         if self.beam < 1:
             raise ConfigError(f"beam size must be at least 1, got {self.beam}")
-        if not 1 <= self.nbest <= self.beam:
-            raise ConfigError(f"nbest must be between 1 and the beam size ({self.beam}), got {self.nbest}")
+        if self.nbest < 1:
+            raise ConfigError(f"nbest must be at least 1, got {self.nbest}")
         if self.lp not in LENGTH_PENALTIES:
             raise ConfigError(f"unknown length penalty form {self.lp!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
         if self.stop not in STOP_RULES:
@@ -59,6 +71,22 @@ class SearchConfig:
             raise ConfigError(f"length penalty alpha must be >= 0, got {self.alpha}")
         if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b == 0):
             raise ConfigError("max-len-a and max-len-b must be >= 0 and not both 0")
+        if self.min_len < 0:
+            raise ConfigError(f"min-len must be >= 0, got {self.min_len}")
+        if self.no_repeat_ngram < 0:
+            raise ConfigError(f"no-repeat-ngram must be >= 0 (0 disables it), got {self.no_repeat_ngram}")
+        if self.topk < 0:
+            raise ConfigError(f"topk must be >= 0 (0 disables it), got {self.topk}")
+        if not 0.0 < self.topp <= 1.0:
+            raise ConfigError(f"topp must be in (0, 1], got {self.topp}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if (self.topk or self.topp < 1.0 or self.temperature != 1.0) and not self.sampling:
+            raise ConfigError("topk, topp and temperature only apply with sampling; add --sampling")
+        if self.sampling:
+            self.nbest = max(1, self.nbest)
+        elif not 1 <= self.nbest <= self.beam:
+            raise ConfigError(f"nbest must be between 1 and the beam size ({self.beam}), got {self.nbest}")
         return self
 
 
@@ -154,19 +182,81 @@ def _mask_special(lprobs: Tensor, force_eos: Tensor | None) -> None:
         lprobs[:, EOS_ID] = eos
 
 
-def _start(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig):
-    """Encode; return (memory, maximum output lengths [B], the longest of them)."""
+def _ban_repeats(lprobs: Tensor, history: Tensor, n: int) -> None:
+    """No n-gram twice: ban each token that would complete an n-gram already in `history` [R, t] (the generated
+    tokens, BOS excluded). lprobs [R, V], changed in place; one vectorised pass over the history's n-grams."""
+    t = history.size(1)
+    if n == 1:
+        if t:
+            lprobs.scatter_(1, history, float("-inf"))
+        return
+    if t < n:  # no complete n-gram yet
+        return
+    grams = history.unfold(1, n, 1)  # [R, t - n + 1, n]
+    tail = history[:, t - n + 1 :]  # [R, n - 1]: the n-gram being completed now
+    hits = (grams[:, :, :-1] == tail.unsqueeze(1)).all(-1).nonzero()  # [H, 2] (row, position)
+    if hits.numel():
+        lprobs[hits[:, 0], grams[hits[:, 0], hits[:, 1], -1]] = float("-inf")
+
+
+def _constrain(lprobs: Tensor, t: int, cfg: SearchConfig, force_eos: Tensor | None, history: Tensor | None = None,
+               forced: Tensor | None = None) -> None:
+    """All of a step's constraints on lprobs [R, V] (in place): no PAD/BOS, no EOS before `cfg.min_len` tokens, no
+    repeated n-gram, the forced prefix token `forced` [R] (PAD where free), EOS at the maximum length."""
+    if forced is not None:
+        free = forced == PAD_ID
+        # the prefix token's log-probability before any ban (a model giving it probability 0 still produces it)
+        keep = lprobs.gather(1, forced.unsqueeze(1)).nan_to_num(neginf=-1e4)
+    if t < cfg.min_len:
+        lprobs[:, EOS_ID] = float("-inf")
+    if cfg.no_repeat_ngram and history is not None:
+        _ban_repeats(lprobs, history, cfg.no_repeat_ngram)
+    if forced is not None and not bool(free.all()):
+        rows = (~free).nonzero().squeeze(1)
+        lprobs[rows] = float("-inf")
+        lprobs[rows, forced[rows]] = keep[rows, 0]
+    _mask_special(lprobs, force_eos)
+
+
+def _prefix_tensor(prefix: list[list[int]] | None, batch: int, device) -> Tensor | None:
+    """Prefixes (token ids per sentence, [] for none) as [B, P] padded with PAD; None when there is none."""
+    if not prefix or not any(prefix):
+        return None
+    if len(prefix) != batch:
+        raise ConfigError(f"{len(prefix)} prefixes for {batch} sentences; give one prefix per input line")
+    width = max(len(p) for p in prefix)
+    out = torch.full((batch, width), PAD_ID, dtype=torch.long)
+    for i, p in enumerate(prefix):
+        out[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return out.to(device)
+
+
+def _forced_at(prefix: Tensor | None, sentences: Tensor, t: int, repeat: int = 1) -> Tensor | None:
+    """The prefix token each row must produce at step t ([R], PAD where free), None when no row is forced."""
+    if prefix is None or t >= prefix.size(1):
+        return None
+    forced = prefix[sentences, t]
+    return forced.repeat_interleave(repeat) if repeat > 1 else forced
+
+
+def _start(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, prefix: Tensor | None = None):
+    """Encode; return (memory, maximum output lengths [B], the longest of them). A prefix of P tokens raises a
+    sentence's maximum to at least P + 1 (the prefix and EOS)."""
     memory = model.encode(src, src_pad_mask)
     max_len = max_output_lengths(src_pad_mask, src, cfg, _positions_limit(model))
+    if prefix is not None:
+        max_len = torch.maximum(max_len, prefix.ne(PAD_ID).sum(1) + 1)
     return memory, max_len, int(max_len.max())
 
 
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig | None = None,
-                  ) -> list[list[Hypothesis]]:
-    """Pick the most probable token at each step. src [B, S] -> one Hypothesis per sentence (as a 1-list)."""
+                  prefix: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    """Pick the most probable token at each step. src [B, S] -> one Hypothesis per sentence (as a 1-list).
+    `prefix`: target token ids each output must start with (one list per sentence)."""
     cfg = (cfg or SearchConfig(beam=1)).validate()
-    memory, max_len, longest = _start(model, src, src_pad_mask, cfg)
+    forced_prefix = _prefix_tensor(prefix, src.size(0), src.device)
+    memory, max_len, longest = _start(model, src, src_pad_mask, cfg, forced_prefix)
     stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
     batch = src.size(0)
     tokens = src.new_full((batch, longest + 1), PAD_ID)  # [R, 1 + longest]
@@ -176,7 +266,7 @@ def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchCo
     results: list[list[Hypothesis]] = [[] for _ in range(batch)]
     for t in range(longest):
         lprobs = stepper.log_probs(tokens[:, : t + 1])
-        _mask_special(lprobs, max_len <= t + 1)
+        _constrain(lprobs, t, cfg, max_len <= t + 1, tokens[:, 1 : t + 1], _forced_at(forced_prefix, alive, t))
         best_lp, best = lprobs.max(dim=-1)
         tokens[:, t + 1] = best
         log_prob += best_lp
@@ -296,11 +386,12 @@ def _advance(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: T
 
 @torch.inference_mode()
 def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig | None = None,
-                ) -> list[list[Hypothesis]]:
+                prefix: list[list[int]] | None = None) -> list[list[Hypothesis]]:
     """Batched beam search. src [B, S], src_pad_mask [B, S] True at padding -> per sentence, the `cfg.nbest`
-    best hypotheses, best first."""
+    best hypotheses, best first. `prefix`: target token ids each output must start with (one list per sentence)."""
     cfg = (cfg or SearchConfig()).validate()
-    memory, max_len, longest = _start(model, src, src_pad_mask, cfg)
+    forced_prefix = _prefix_tensor(prefix, src.size(0), src.device)
+    memory, max_len, longest = _start(model, src, src_pad_mask, cfg, forced_prefix)
     batch, k = src.size(0), cfg.beam
     stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
     state = _BeamState(batch, k, longest, max_len, src.device)
@@ -310,7 +401,8 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
             stepper.repeat_beams(batch, k, src.device)
         else:
             lprobs = stepper.log_probs(state.tokens[:, : t + 1])  # [N*K, V]
-        _mask_special(lprobs, (state.max_len <= t + 1).repeat_interleave(k))
+        _constrain(lprobs, t, cfg, (state.max_len <= t + 1).repeat_interleave(k), state.tokens[:, 1 : t + 1],
+                   _forced_at(forced_prefix, state.sentence, t, k))
         scores, beams, tokens = _candidates(state, lprobs)
         done = _finalize(state, t, scores, beams, tokens, cfg)
         if bool(done.all()):
@@ -319,9 +411,80 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
     return [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in state.finished]
 
 
-def search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig) -> list[list[Hypothesis]]:
-    """Greedy search for beam 1, beam search otherwise."""
-    return greedy_search(model, src, src_pad_mask, cfg) if cfg.beam == 1 else beam_search(model, src, src_pad_mask, cfg)
+def _filter(lprobs: Tensor, cfg: SearchConfig) -> Tensor:
+    """Sampling distribution of each row [R, V]: temperature, then top-k, then top-p (the most probable token is
+    always kept); excluded tokens get -inf. Returns renormalised log-probabilities."""
+    if cfg.temperature != 1.0:
+        lprobs = F.log_softmax(lprobs / cfg.temperature, dim=-1)
+    if cfg.topk and cfg.topk < lprobs.size(-1):
+        kth = lprobs.topk(cfg.topk, dim=-1).values[:, -1:]
+        lprobs = lprobs.masked_fill(lprobs < kth, float("-inf"))
+    if cfg.topp < 1.0:
+        sorted_lp, order = lprobs.sort(dim=-1, descending=True)
+        probs = sorted_lp.exp()
+        before = probs.cumsum(-1) - probs  # mass of the more probable tokens
+        drop = before >= cfg.topp
+        drop[:, 0] = False
+        lprobs = lprobs.scatter(1, order, sorted_lp.masked_fill(drop, float("-inf")))
+    return F.log_softmax(lprobs, dim=-1)
+
+
+@torch.inference_mode()
+def sample_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig,
+                  prefix: list[list[int]] | None = None, generator: torch.Generator | None = None,
+                  ) -> list[list[Hypothesis]]:
+    """Draw `cfg.nbest` samples per sentence (in the order drawn, not ranked): each step samples from the
+    temperature/top-k/top-p distribution under the constraints. A hypothesis' log_prob and score are the model's
+    own (temperature 1, unfiltered) log-probabilities of the sampled tokens, length-penalised as in beam search."""
+    cfg = cfg.validate()
+    n = cfg.nbest
+    if generator is None:
+        generator = torch.Generator(device=src.device)
+        if cfg.seed is not None:
+            generator.manual_seed(cfg.seed)
+    forced_prefix = _prefix_tensor(prefix, src.size(0), src.device)
+    memory, max_len, longest = _start(model, src, src_pad_mask, cfg, forced_prefix)
+    batch = src.size(0)
+    stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
+    stepper.repeat_beams(batch, n, src.device)  # n rows per sentence, sentence-major
+    rows = batch * n
+    tokens = src.new_full((rows, longest + 1), PAD_ID)
+    tokens[:, 0] = BOS_ID
+    log_prob = torch.zeros(rows, device=src.device)
+    alive = torch.arange(rows, device=src.device)  # original row of each live row (sentence = row // n)
+    max_len = max_len.repeat_interleave(n)
+    results: list[list[Hypothesis]] = [[] for _ in range(rows)]
+    for t in range(longest):
+        lprobs = stepper.log_probs(tokens[:, : t + 1])
+        _constrain(lprobs, t, cfg, max_len <= t + 1, tokens[:, 1 : t + 1],
+                   _forced_at(forced_prefix, torch.div(alive, n, rounding_mode="floor"), t))
+        choice = torch.multinomial(_filter(lprobs, cfg).exp(), 1, generator=generator).squeeze(1)
+        tokens[:, t + 1] = choice
+        log_prob += lprobs.gather(1, choice.unsqueeze(1)).squeeze(1)
+        done = choice == EOS_ID
+        if not bool(done.any()):
+            continue
+        for row in done.nonzero().squeeze(1).tolist():
+            lp_sum = float(log_prob[row])
+            results[int(alive[row])] = [Hypothesis(tokens[row, 1 : t + 1].tolist(),
+                                                   lp_sum / length_penalty(t + 1, cfg.alpha, cfg.lp), lp_sum)]
+        keep = (~done).nonzero().squeeze(1)
+        if keep.numel() == 0:
+            break
+        tokens, log_prob, alive, max_len = tokens[keep], log_prob[keep], alive[keep], max_len[keep]
+        stepper.reorder(keep)
+    return [[h for r in range(i * n, (i + 1) * n) for h in results[r]] for i in range(batch)]
+
+
+def search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig,
+           prefix: list[list[int]] | None = None, generator: torch.Generator | None = None,
+           ) -> list[list[Hypothesis]]:
+    """Sampling when asked, else greedy search for beam 1 and beam search otherwise."""
+    if cfg.sampling:
+        return sample_search(model, src, src_pad_mask, cfg, prefix, generator)
+    if cfg.beam == 1:
+        return greedy_search(model, src, src_pad_mask, cfg, prefix)
+    return beam_search(model, src, src_pad_mask, cfg, prefix)
 
 
 class Ensemble:

@@ -17,14 +17,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import torch
 
 from nmt_cli import checkpoint as ckpt_io
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
-from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
+from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, search
 from nmt_cli.training import checkpoints as training_ckpts
 from nmt_cli.training.runtime import cpu_has_fast_bf16, gpu_has_native_bf16
@@ -46,13 +46,33 @@ class TranslateConfig:
     max_sentences: int = 512  # sentences per batch
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
+    token_scores: bool = False  # add a column: the log-probability of each target piece and EOS
+    alignment: str | None = None  # "words" | "pieces": add a column of Pharaoh i-j links (alignment.py)
+    alignment_layer: int = -1  # decoder layer whose encoder-decoder attention gives the links
+    replace_unk: bool = False  # replace unknown target tokens by the aligned source word
 
     def validate(self) -> TranslateConfig:
         for name in ("buffer_size", "max_tokens", "max_sentences"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
+        if self.alignment not in (None, "words", "pieces"):
+            raise ConfigError(f"unknown alignment unit {self.alignment!r}; choose words or pieces")
         self.search = dataclasses.replace(self.search, nbest=self.nbest).validate()
         return self
+
+    @property
+    def analyse(self) -> bool:
+        """Whether the hypotheses go through the teacher-forced pass of alignment.py."""
+        return self.token_scores or self.alignment is not None or self.replace_unk
+
+
+class Output(NamedTuple):
+    """One output hypothesis: score, detokenized text, and the extra columns when asked."""
+
+    score: float
+    text: str
+    token_scores: list[float] | None = None
+    alignment: str | None = None
 
 
 @dataclass
@@ -180,6 +200,11 @@ class Translator:
         self.model = models[0] if len(models) == 1 else Ensemble(models)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)
+        self.generator = torch.Generator(device=self.device)  # sampling: one stream for the whole input
+        if self.config.search.seed is not None:
+            self.generator.manual_seed(self.config.search.seed)
+        else:
+            self.generator.seed()
 
     def encode(self, lines: list[str], first_line: int) -> list[list[int]]:
         """Source ids with EOS appended ([] for an empty line); over-long lines truncated with a warning."""
@@ -204,23 +229,93 @@ class Translator:
             src[row, : len(s)] = torch.tensor(s, dtype=torch.long)
         return src.to(self.device), (src == PAD_ID).to(self.device)
 
+    def encode_prefixes(self, prefixes: list[str], first_line: int) -> list[list[int]]:
+        """Target prefix ids per line (no BOS/EOS; [] for an empty prefix); one that leaves no room to go on is
+        truncated with a warning."""
+        room = self.max_src_tokens - 1
+        out = []
+        for i, ids in enumerate(self.tokenizer.encode(prefixes)):
+            if len(ids) > room:
+                self.warn("prefix truncated", f"prefix of line {first_line + i}: {len(ids)} tokens, truncated to "
+                                              f"{room}")
+                ids = ids[:room]
+            out.append(ids)
+        return out
+
     @torch.inference_mode()
-    def translate_ids(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """Hypotheses (best first) per source, in input order; an empty source gives one empty hypothesis."""
-        results: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in sources]
+    def translate_ids(self, sources: list[list[int]], prefixes: list[list[int]] | None = None,
+                      ) -> list[list[Hypothesis]]:
+        """Hypotheses (best first; samples in the order drawn) per source, in input order; an empty source gives
+        one empty hypothesis (its prefix, when one is given)."""
+        results: list[list[Hypothesis]] = [[Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
+                                           for i in range(len(sources))]
         for batch in self.batches(sources):
             src, mask = self._tensor([sources[i] for i in batch])
-            for i, hyps in zip(batch, search(self.model, src, mask, self.config.search), strict=True):
+            prefix = [prefixes[i] for i in batch] if prefixes else None
+            found = search(self.model, src, mask, self.config.search, prefix, self.generator)
+            for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps
                 self.src_tokens += len(sources[i])
                 self.tgt_tokens += len(hyps[0].tokens) + 1
         return results
 
-    def translate(self, lines: list[str], first_line: int = 1) -> list[list[tuple[float, str]]]:
-        """Raw lines -> per line, the (score, detokenized text) of its hypotheses, best first."""
-        hyps = self.translate_ids(self.encode(lines, first_line))
-        texts = iter(self.tokenizer.decode([h.tokens for hs in hyps for h in hs]))
-        return [[(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
+    def translate(self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None,
+                  ) -> list[list[Output]]:
+        """Raw lines -> per line, its hypotheses as Output(score, detokenized text, ...), best first. `prefixes`:
+        one target prefix per line ('' for none), kept verbatim at the start of each output."""
+        sources = self.encode(lines, first_line)
+        prefix_ids = self.encode_prefixes(prefixes, first_line) if prefixes is not None else None
+        hyps = self.translate_ids(sources, prefix_ids)
+        flat = [h for hs in hyps for h in hs]
+        texts = self.tokenizer.decode([h.tokens for h in flat])
+        if prefixes is not None:
+            owner = [i for i, hs in enumerate(hyps) for _ in hs]
+            texts = [_keep_prefix(t, prefixes[i], prefix_ids[i], self.tokenizer) for t, i in zip(texts, owner,
+                                                                                                strict=True)]
+        extras = self._analyse(lines, sources, hyps) if self.config.analyse else [(None, None, None)] * len(flat)
+        it = iter(zip(flat, texts, extras, strict=True))
+        out = []
+        for hs in hyps:
+            row = []
+            for _ in hs:
+                h, text, (token_scores, alignment, replaced) = next(it)
+                row.append(Output(h.score, _one_line(replaced if replaced is not None else text), token_scores,
+                                  alignment))
+            out.append(row)
+        return out
+
+    def _analyse(self, lines: list[str], sources: list[list[int]], hyps: list[list[Hypothesis]]) -> list[tuple]:
+        """(token scores, alignment column, text with unknown tokens replaced or None) per hypothesis, from one
+        teacher-forced pass per batch (alignment.analyse)."""
+        from nmt_cli import alignment
+
+        cfg, sp = self.config, self.tokenizer.sp
+        pairs = [(i, h) for i, hs in enumerate(hyps) for h in hs]
+        out = []
+        for start in range(0, len(pairs), 64):
+            chunk = pairs[start : start + 64]
+            analyses = alignment.analyse(self.model, [sources[i] or [EOS_ID] for i, _ in chunk],
+                                         [h.tokens for _, h in chunk], cfg.alignment_layer)
+            for (i, h), a in zip(chunk, analyses, strict=True):
+                src_pieces = [sp.id_to_piece(t) for t in sources[i][:-1]]
+                tgt_pieces = [sp.id_to_piece(t) for t in h.tokens]
+                column = None
+                if cfg.alignment == "words":
+                    column = alignment.pharaoh(a.links, src_pieces, tgt_pieces)
+                elif cfg.alignment == "pieces":
+                    column = alignment.pharaoh(a.links)
+                replaced = (alignment.replace_unk(h.tokens, tgt_pieces, a.links, src_pieces, lines[i].split())
+                            if cfg.replace_unk else None)
+                out.append((a.token_scores if cfg.token_scores else None, column, replaced))
+        return out
+
+
+def _keep_prefix(text: str, prefix: str, prefix_ids: list[int], tokenizer: Tokenizer) -> str:
+    """The output starts with the prefix exactly as given (sentencepiece may have normalised its characters)."""
+    if not prefix:
+        return text
+    decoded = tokenizer.decode([prefix_ids])[0]
+    return prefix + text[len(decoded):] if text.startswith(decoded) else text
 
 
 def _one_line(text: str) -> str:
@@ -251,26 +346,45 @@ def read_chunks(stream: BinaryIO, size: int, warn: Warner, first_line: int = 1) 
         yield chunk
 
 
-def format_chunk(results: list[list[tuple[float, str]]], first_line: int, config: TranslateConfig) -> str:
-    """Plain text (optionally `score<TAB>text`) or n-best TSV `line<TAB>rank<TAB>score<TAB>text` (1-based)."""
+def format_chunk(results: list[list[Output]], first_line: int, config: TranslateConfig) -> str:
+    """Plain text (optionally `score<TAB>text`) or n-best TSV `line<TAB>rank<TAB>score<TAB>text` (1-based); with
+    --token-scores and/or --print-alignment one more TAB-separated column each, in that order."""
     rows = []
+
+    def extra(h: Output) -> str:
+        cols = []
+        if config.token_scores:
+            cols.append(" ".join(f"{x:.4f}" for x in h.token_scores or []))
+        if config.alignment is not None:
+            cols.append(h.alignment or "")
+        return "".join("\t" + c for c in cols)
+
     for i, hyps in enumerate(results):
         if config.nbest > 1:
-            rows.extend(f"{first_line + i}\t{rank}\t{score:.4f}\t{text}" for rank, (score, text) in enumerate(hyps, 1))
+            rows.extend(f"{first_line + i}\t{rank}\t{h.score:.4f}\t{h.text}{extra(h)}" for rank, h in enumerate(hyps, 1))
         elif config.scores:
-            rows.append(f"{hyps[0][0]:.4f}\t{hyps[0][1]}")
+            rows.append(f"{hyps[0].score:.4f}\t{hyps[0].text}{extra(hyps[0])}")
         else:
-            rows.append(hyps[0][1])
+            rows.append(f"{hyps[0].text}{extra(hyps[0])}")
     return "".join(row + "\n" for row in rows)
 
 
 def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO,
-                     on_chunk: Callable[[TranslateStats], None] | None = None) -> TranslateStats:
-    """Translate every line of `source` into `sink` (UTF-8), chunk by chunk, flushing after each chunk."""
+                     on_chunk: Callable[[TranslateStats], None] | None = None,
+                     prefixes: BinaryIO | None = None) -> TranslateStats:
+    """Translate every line of `source` into `sink` (UTF-8), chunk by chunk, flushing after each chunk. `prefixes`:
+    a stream with one target prefix per input line."""
     stats, start = TranslateStats(), time.perf_counter()
     config = translator.config
+    prefix_chunks = read_chunks(prefixes, config.buffer_size, translator.warn) if prefixes is not None else None
     for chunk in read_chunks(source, config.buffer_size, translator.warn, stats.lines + 1):
-        results = translator.translate(chunk, stats.lines + 1)
+        chunk_prefixes = None
+        if prefix_chunks is not None:
+            chunk_prefixes = next(prefix_chunks, [])
+            if len(chunk_prefixes) < len(chunk):
+                raise DataError(f"the prefix file ends at line {stats.lines + len(chunk_prefixes)} but the input "
+                                f"goes on; give one prefix line (possibly empty) per input line")
+        results = translator.translate(chunk, stats.lines + 1, chunk_prefixes)
         sink.write(format_chunk(results, stats.lines + 1, config).encode("utf-8"))
         sink.flush()
         stats.lines += len(chunk)
@@ -278,6 +392,9 @@ def translate_stream(translator: Translator, source: BinaryIO, sink: BinaryIO,
         stats.seconds = time.perf_counter() - start
         if on_chunk is not None:
             on_chunk(stats)
+    if prefix_chunks is not None and next(prefix_chunks, None):
+        translator.warn("extra prefixes", f"the prefix file has more lines than the input ({stats.lines}); the "
+                                          "rest is ignored")
     translator.warn.summary()
     return stats
 

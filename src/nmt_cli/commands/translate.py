@@ -21,7 +21,9 @@ _EPILOG = (
     "  cat input.en | nmt translate -m runs/base/checkpoint_best.pt > out.de\n\n"
     "  nmt translate input.en -o out.de -m a.pt -m b.pt --beam 5 --lenpen 1.0 --lenpen-form fairseq\n\n"
     "  nmt translate -m runs/base --average-last 5 --nbest 4 < input.en > nbest.tsv\n\n"
-    "  nmt translate -m model.pt --precision bf16 --threads 2 < input.en"
+    "  nmt translate -m model.pt --precision bf16 --threads 2 < input.en\n\n"
+    "  nmt translate -m de-en.pt --sampling --topk 10 --seed 1 < mono.de > synthetic.en   # back-translation\n\n"
+    "  nmt translate -m model.pt --prefix starts.de --print-alignment words < input.en"
 )
 
 
@@ -45,6 +47,11 @@ class LengthPenalty(str, Enum):
 class Stop(str, Enum):
     beam = "beam"
     top = "top"
+
+
+class Alignment(str, Enum):
+    words = "words"
+    pieces = "pieces"
 
 
 def register(app: typer.Typer) -> None:
@@ -80,6 +87,36 @@ def register(app: typer.Typer) -> None:
             1, "--nbest", min=1, help="Output the N best as TSV: line number, rank, score, text (N <= beam)."
         ),
         scores: bool = typer.Option(False, "--scores", help="Prefix each line with the best score and a TAB."),
+        min_len: int = typer.Option(0, "--min-len", min=0, help="No EOS before N generated tokens."),
+        no_repeat_ngram: int = typer.Option(
+            0, "--no-repeat-ngram", min=0, help="No n-gram of this size twice in an output (0: off)."
+        ),
+        prefix: Path = typer.Option(
+            None, "--prefix", exists=True, dir_okay=False,
+            help="File with one target prefix per input line (empty: none); each output starts with it verbatim.",
+        ),
+        sampling: bool = typer.Option(
+            False, "--sampling", help="Sample instead of searching (back-translation); --nbest N draws N samples."
+        ),
+        topk: int = typer.Option(0, "--topk", min=0, help="Sampling: from the K most probable tokens (0: all)."),
+        topp: float = typer.Option(
+            1.0, "--topp", min=0.0, max=1.0, help="Sampling: from the tokens holding probability P (1: all)."
+        ),
+        temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling: divide the logits by T."),
+        seed: int = typer.Option(None, "--seed", help="Sampling: random seed (same seed, input, batching: same output)."),
+        token_scores: bool = typer.Option(
+            False, "--token-scores", help="Add a column: the log-probability of each output piece and EOS."
+        ),
+        print_alignment: Alignment = typer.Option(
+            None, "--print-alignment",
+            help="Add a column of source-target links (Pharaoh i-j) over words or sentencepiece pieces.",
+        ),
+        alignment_layer: int = typer.Option(
+            -1, "--alignment-layer", help="Decoder layer whose attention gives the links (-1: the last)."
+        ),
+        replace_unk: bool = typer.Option(
+            False, "--replace-unk", help="Replace unknown output tokens by the aligned source word."
+        ),
         buffer_size: int = typer.Option(2000, "--buffer-size", min=1, help="Input lines read (and flushed) per chunk."),
         max_tokens: int | None = typer.Option(
             None, "--max-tokens", min=1, help="Padded source tokens per batch (default: 2000 on CPU, 6000 on GPU)."
@@ -95,13 +132,18 @@ def register(app: typer.Typer) -> None:
 
         if input_file is not None and input_opt is not None:
             raise typer.BadParameter("give the input either as INPUT or with -i, not both", param_hint="'-i'")
-        if nbest > beam:
-            raise typer.BadParameter(f"--nbest {nbest} exceeds --beam {beam}", param_hint="'--nbest'")
+        if nbest > beam and not sampling:
+            raise typer.BadParameter(f"--nbest {nbest} exceeds --beam {beam} (with --sampling it is the number of "
+                                     "samples)", param_hint="'--nbest'")
         core.set_threads(threads)
         config = core.TranslateConfig(
             search=SearchConfig(beam=beam, alpha=lenpen, lp=lenpen_form.value, max_len_a=max_len_a,
-                                max_len_b=max_len_b, stop=stop.value),
-            buffer_size=buffer_size, max_tokens=max_tokens, nbest=nbest, scores=scores,
+                                max_len_b=max_len_b, stop=stop.value, min_len=min_len,
+                                no_repeat_ngram=no_repeat_ngram, sampling=sampling, topk=topk, topp=topp,
+                                temperature=temperature, seed=seed),
+            buffer_size=buffer_size, max_tokens=max_tokens, nbest=nbest, scores=scores, token_scores=token_scores,
+            alignment=print_alignment.value if print_alignment is not None else None,
+            alignment_layer=alignment_layer, replace_unk=replace_unk,
         )
         warn = core.Warner(_warn_line)
         checkpoints = core.load_checkpoints(models, average_last)
@@ -110,8 +152,9 @@ def register(app: typer.Typer) -> None:
         with ExitStack() as stack:
             src = stack.enter_context(open(source, "rb")) if source is not None else sys.stdin.buffer
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
+            prefixes = stack.enter_context(open(prefix, "rb")) if prefix is not None else None
             try:
-                core.translate_stream(translator, src, sink)
+                core.translate_stream(translator, src, sink, prefixes=prefixes)
             except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other Unix tools do
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise typer.Exit(0) from None
