@@ -3,7 +3,8 @@
 #   prepare (8000 joint BPE) -> train a small model for exactly $MINUTES minutes -> average the last $AVG
 #   checkpoints -> translate valid and test (beam 4, length penalty 0.6) -> sacreBLEU with signature.
 # Usage: bash bench/multi30k.sh   (env: SHARED, RUN_DIR, MINUTES, PRECISION, WARMUP, LR, MAX_TOKENS, AVG, SAVE_MIN,
-#        MODEL (model options; default the small d_model 256 model), TRANSLATE_PRECISIONS)
+#        MODEL (model options; default the small d_model 256 model), TRANSLATE_PRECISIONS,
+#        STEPS (a fixed number of updates instead of MINUTES: the same model on a busy or slow machine))
 # On a GPU, a base-sized model:
 #   MODEL="--d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.3" MINUTES=10 TRANSLATE_PRECISIONS="bf16 fp32" \
 #   bash bench/multi30k.sh
@@ -22,6 +23,12 @@ AVG=${AVG:-5}
 SAVE_MIN=${SAVE_MIN:-0.5}
 MODEL=${MODEL:---d-model 256 --d-ff 1024 --heads 4 --layers 3 --dropout 0.1}
 TRANSLATE_PRECISIONS=${TRANSLATE_PRECISIONS:-fp32 bf16}
+STEPS=${STEPS:-}
+if [ -n "$STEPS" ]; then
+  STOP="--max-steps $STEPS"; SAVE="--save-every $((STEPS / 10))"; MINUTES="(fixed $STEPS updates)"
+else
+  STOP="--max-time $MINUTES"; SAVE="--save-every-minutes $SAVE_MIN"
+fi
 [ -f "$DATA/train.en" ] || { echo "error: $DATA/train.en not found; set SHARED=path/to/shared/data" >&2; exit 1; }
 mkdir -p "$OUT"
 
@@ -35,7 +42,7 @@ rm -rf "$OUT/run"
 # shellcheck disable=SC2086
 $NMT train "$OUT/data" -o "$OUT/run" --preset base $MODEL \
   --label-smoothing 0.1 --warmup "$WARMUP" --lr "$LR" --max-tokens "$MAX_TOKENS" --update-freq 1 \
-  --max-time "$MINUTES" --precision "$PRECISION" --save-every-minutes "$SAVE_MIN" --keep-last "$AVG" \
+  $STOP --precision "$PRECISION" $SAVE --keep-last "$AVG" \
   --average-last "$AVG" --valid-every 200 --no-resume
 
 for split in valid test; do

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from conftest import toy_pairs
+from helpers_train import poison_loss
 from helpers_translate import make_checkpoint, tiny_config
 from nmt_cli.checkpoint import load
 from nmt_cli.model import Transformer
 from nmt_cli.search import SearchConfig, beam_search, greedy_search
-from nmt_cli.training import loop as loop_mod
 from nmt_cli.training.launch import train
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
@@ -91,15 +91,7 @@ def test_autocast_training_on_one_gpu(toy_data_dir, tmp_path, precision):
 
 
 def test_fp16_scaler_skips_an_overflowed_update_on_cuda(toy_data_dir, tmp_path, monkeypatch):
-    real = loop_mod.label_smoothed_cross_entropy
-    calls = {"n": 0}
-
-    def overflow_once(logits, target, epsilon, pad_id):
-        loss, nll, n = real(logits, target, epsilon, pad_id)
-        calls["n"] += torch.is_grad_enabled()
-        return (loss * float("inf"), nll, n) if calls["n"] == 3 else (loss, nll, n)
-
-    monkeypatch.setattr(loop_mod, "label_smoothed_cross_entropy", overflow_once)
+    poison_loss(monkeypatch, at=3, factor=float("inf"))
     result = train(cuda_cfg(toy_data_dir, tmp_path / "run", max_steps=6, precision="fp16"))
     assert result.step == 6 and result.overflows == 1
     ckpt = load(tmp_path / "run" / "checkpoint_last.pt")

@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
+from helpers_train import poison_loss
 from nmt_cli.checkpoint import load
 from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
-from nmt_cli.training import loop as loop_mod
 from nmt_cli.training import plan as plan_mod
 from nmt_cli.training.checkpoints import periodic_checkpoints, prune_periodic
 from nmt_cli.training.config import TrainConfig, resolve_batching, resolve_save_minutes
@@ -206,15 +206,7 @@ def test_resume_refuses_an_incompatible_checkpoint(toy_data_dir, tmp_path):
 
 
 def test_nan_loss_is_reported_with_the_step(toy_data_dir, tmp_path, monkeypatch):
-    real = loop_mod.label_smoothed_cross_entropy
-    calls = {"n": 0}
-
-    def poisoned(logits, target, epsilon, pad_id):
-        calls["n"] += torch.is_grad_enabled()  # count training micro-batches, not validation
-        loss, nll, n = real(logits, target, epsilon, pad_id)
-        return (loss * float("nan"), nll, n) if calls["n"] == 4 else (loss, nll, n)
-
-    monkeypatch.setattr(loop_mod, "label_smoothed_cross_entropy", poisoned)
+    poison_loss(monkeypatch, at=4, factor=float("nan"))
     with pytest.raises(TrainingError, match="update 4"):
         train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=10, save_every=2))
     assert load(tmp_path / "run" / "checkpoint_last.pt").train_state["step"] == 2  # the last good state
@@ -510,15 +502,7 @@ def test_fp16_loss_scaler_skips_and_counts_overflowed_updates(toy_data_dir, tmp_
     gradients overflow is skipped (weights untouched, scale halved), counted, and does not advance the step."""
     fp16 = Launch("cpu", 1, None, False, "fp16")
     monkeypatch.setattr(plan_mod, "plan_launch", lambda *a, **kw: fp16)  # nmt train refuses fp16 on CPU
-    real = loop_mod.label_smoothed_cross_entropy
-    calls = {"n": 0}
-
-    def overflow_once(logits, target, epsilon, pad_id):
-        loss, nll, n = real(logits, target, epsilon, pad_id)
-        calls["n"] += torch.is_grad_enabled()
-        return (loss * float("inf"), nll, n) if calls["n"] == 3 else (loss, nll, n)
-
-    monkeypatch.setattr(loop_mod, "label_smoothed_cross_entropy", overflow_once)
+    calls = poison_loss(monkeypatch, at=3, factor=float("inf"))
     run = tmp_path / "run"
     result = train(small_cfg(toy_data_dir, run, max_steps=6, precision="fp16"))
     assert result.step == 6 and result.overflows == 1 and calls["n"] == 7

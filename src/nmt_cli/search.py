@@ -249,28 +249,30 @@ def _start(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, p
     return memory, max_len, int(max_len.max())
 
 
-@torch.inference_mode()
-def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig | None = None,
-                  prefix: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-    """Pick the most probable token at each step. src [B, S] -> one Hypothesis per sentence (as a 1-list).
-    `prefix`: target token ids each output must start with (one list per sentence)."""
-    cfg = (cfg or SearchConfig(beam=1)).validate()
-    forced_prefix = _prefix_tensor(prefix, src.size(0), src.device)
-    memory, max_len, longest = _start(model, src, src_pad_mask, cfg, forced_prefix)
-    stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
+def _single_path(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, prefix: Tensor | None,
+                 per: int, pick) -> list[list[Hypothesis]]:
+    """Greedy search and sampling: `per` rows per sentence, each extended by `pick(lprobs [R, V]) -> tokens [R]`
+    until it ends. -> per sentence its `per` hypotheses, in row order."""
+    memory, max_len, longest = _start(model, src, src_pad_mask, cfg, prefix)
     batch = src.size(0)
-    tokens = src.new_full((batch, longest + 1), PAD_ID)  # [R, 1 + longest]
+    stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
+    if per > 1:
+        stepper.repeat_beams(batch, per, src.device)  # sentence-major rows
+        max_len = max_len.repeat_interleave(per)
+    rows = batch * per
+    tokens = src.new_full((rows, longest + 1), PAD_ID)  # [R, 1 + longest]
     tokens[:, 0] = BOS_ID
-    log_prob = torch.zeros(batch, device=src.device)
-    alive = torch.arange(batch, device=src.device)  # original sentence of each row
-    results: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    log_prob = torch.zeros(rows, device=src.device)
+    alive = torch.arange(rows, device=src.device)  # original row of each live row
+    results: list[list[Hypothesis]] = [[] for _ in range(rows)]
     for t in range(longest):
         lprobs = stepper.log_probs(tokens[:, : t + 1])
-        _constrain(lprobs, t, cfg, max_len <= t + 1, tokens[:, 1 : t + 1], _forced_at(forced_prefix, alive, t))
-        best_lp, best = lprobs.max(dim=-1)
-        tokens[:, t + 1] = best
-        log_prob += best_lp
-        done = best == EOS_ID
+        sentence = alive if per == 1 else torch.div(alive, per, rounding_mode="floor")
+        _constrain(lprobs, t, cfg, max_len <= t + 1, tokens[:, 1 : t + 1], _forced_at(prefix, sentence, t))
+        choice = pick(lprobs)
+        tokens[:, t + 1] = choice
+        log_prob += lprobs.gather(1, choice.unsqueeze(1)).squeeze(1)
+        done = choice == EOS_ID
         if not bool(done.any()):
             continue
         for row in done.nonzero().squeeze(1).tolist():
@@ -282,7 +284,17 @@ def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchCo
             break
         tokens, log_prob, alive, max_len = tokens[keep], log_prob[keep], alive[keep], max_len[keep]
         stepper.reorder(keep)
-    return results
+    return [[h for r in range(i * per, (i + 1) * per) for h in results[r]] for i in range(batch)]
+
+
+@torch.inference_mode()
+def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig | None = None,
+                  prefix: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    """Pick the most probable token at each step. src [B, S] -> one Hypothesis per sentence (as a 1-list).
+    `prefix`: target token ids each output must start with (one list per sentence)."""
+    cfg = (cfg or SearchConfig(beam=1)).validate()
+    return _single_path(model, src, src_pad_mask, cfg, _prefix_tensor(prefix, src.size(0), src.device), 1,
+                        lambda lprobs: lprobs.argmax(dim=-1))
 
 
 class _BeamState:
@@ -437,43 +449,16 @@ def sample_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchCo
     temperature/top-k/top-p distribution under the constraints. A hypothesis' log_prob and score are the model's
     own (temperature 1, unfiltered) log-probabilities of the sampled tokens, length-penalised as in beam search."""
     cfg = cfg.validate()
-    n = cfg.nbest
     if generator is None:
         generator = torch.Generator(device=src.device)
         if cfg.seed is not None:
             generator.manual_seed(cfg.seed)
-    forced_prefix = _prefix_tensor(prefix, src.size(0), src.device)
-    memory, max_len, longest = _start(model, src, src_pad_mask, cfg, forced_prefix)
-    batch = src.size(0)
-    stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
-    stepper.repeat_beams(batch, n, src.device)  # n rows per sentence, sentence-major
-    rows = batch * n
-    tokens = src.new_full((rows, longest + 1), PAD_ID)
-    tokens[:, 0] = BOS_ID
-    log_prob = torch.zeros(rows, device=src.device)
-    alive = torch.arange(rows, device=src.device)  # original row of each live row (sentence = row // n)
-    max_len = max_len.repeat_interleave(n)
-    results: list[list[Hypothesis]] = [[] for _ in range(rows)]
-    for t in range(longest):
-        lprobs = stepper.log_probs(tokens[:, : t + 1])
-        _constrain(lprobs, t, cfg, max_len <= t + 1, tokens[:, 1 : t + 1],
-                   _forced_at(forced_prefix, torch.div(alive, n, rounding_mode="floor"), t))
-        choice = torch.multinomial(_filter(lprobs, cfg).exp(), 1, generator=generator).squeeze(1)
-        tokens[:, t + 1] = choice
-        log_prob += lprobs.gather(1, choice.unsqueeze(1)).squeeze(1)
-        done = choice == EOS_ID
-        if not bool(done.any()):
-            continue
-        for row in done.nonzero().squeeze(1).tolist():
-            lp_sum = float(log_prob[row])
-            results[int(alive[row])] = [Hypothesis(tokens[row, 1 : t + 1].tolist(),
-                                                   lp_sum / length_penalty(t + 1, cfg.alpha, cfg.lp), lp_sum)]
-        keep = (~done).nonzero().squeeze(1)
-        if keep.numel() == 0:
-            break
-        tokens, log_prob, alive, max_len = tokens[keep], log_prob[keep], alive[keep], max_len[keep]
-        stepper.reorder(keep)
-    return [[h for r in range(i * n, (i + 1) * n) for h in results[r]] for i in range(batch)]
+
+    def draw(lprobs: Tensor) -> Tensor:
+        return torch.multinomial(_filter(lprobs, cfg).exp(), 1, generator=generator).squeeze(1)
+
+    return _single_path(model, src, src_pad_mask, cfg, _prefix_tensor(prefix, src.size(0), src.device), cfg.nbest,
+                        draw)
 
 
 def search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig,
