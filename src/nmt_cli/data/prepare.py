@@ -24,9 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt_cli.data import corpora, sample
+from nmt_cli.data import corpora, readers, sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
-from nmt_cli.data.corpora import PairSource, Progress
+from nmt_cli.data.corpora import Progress
+from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
 from nmt_cli.errors import ConfigError, DataError
@@ -130,7 +131,7 @@ def _plan(opts: PrepareOptions, progress: Progress | None) -> _Plan:
             splits = sample.generate(sizes, sample.DEFAULT_SEED)
             ident = {"generator": "nmt_cli.data.sample", "version": sample.SAMPLE_VERSION,
                      "seed": sample.DEFAULT_SEED, "sizes": sizes}
-            sources = {s: corpora.MemorySource(s, pairs, {**ident, "split": s}) for s, pairs in splits.items()}
+            sources = {s: readers.MemorySource(s, pairs, {**ident, "split": s}) for s, pairs in splits.items()}
             origin = {"kind": "generated", **ident}
         else:
             sources = corpora.hub_sources(spec, progress, opts.cache_dir)
@@ -360,7 +361,7 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareRe
             stamps.drop(f"encode-{split}")
             stamp = _encode_split(split, source, plan, tok, out, cfg, normalizer, workers, opts.chunk_size,
                                   totals[split], progress)
-            stamp["outputs"] = {f.name: "sha256:" + corpora.sha256_file(f)
+            stamp["outputs"] = {f.name: "sha256:" + readers.sha256_file(f)
                                 for f in _split_files(out, split, (a, b))[:4]}
             stamps.put(f"encode-{split}", key, stamp)
         results[split] = stamp
