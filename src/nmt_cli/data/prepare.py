@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 from nmt_cli.data import corpora, readers, sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
 from nmt_cli.data.corpora import Progress
+from nmt_cli.data.hub import Warn
 from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
@@ -97,7 +99,7 @@ class _Plan:
     origin: dict = field(default_factory=dict)
 
 
-def _plan(opts: PrepareOptions, progress: Progress | None) -> _Plan:
+def _plan(opts: PrepareOptions, progress: Progress | None, warn: Warn | None) -> _Plan:
     spec, reversed_name = corpora.resolve(opts.corpus)
     local = {s: getattr(opts, s) for s in corpora.SPLITS if getattr(opts, s)}
     if spec is None:  # custom
@@ -134,9 +136,9 @@ def _plan(opts: PrepareOptions, progress: Progress | None) -> _Plan:
             sources = {s: readers.MemorySource(s, pairs, {**ident, "split": s}) for s, pairs in splits.items()}
             origin = {"kind": "generated", **ident}
         else:
-            sources = corpora.hub_sources(spec, progress, opts.cache_dir)
-            origin = {"kind": "hub", "repo": corpora.HUB_REPO, "revision": corpora.HUB_REVISION,
-                      "files": spec.hub_files()}
+            sources = corpora.hub_sources(spec, opts.corpus, progress, opts.cache_dir, warn)
+            origin = {"kind": "hub", "repo": spec.hub.repo, "revision": spec.hub.revision,
+                      "files": {split: list(names) for split, names in spec.hub.files.items()}}
     src, tgt = (a, b)
     if opts.src_lang and spec is not None and opts.src_lang != a:
         src, tgt = b, a
@@ -295,10 +297,13 @@ def _split_files(out: Path, split: str, langs: tuple[str, str]) -> list[Path]:
            [out / "raw" / f"{split}.{lang}" for lang in langs]
 
 
-def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareResult:
-    """Run the pipeline; returns the manifest (also written to OUT_DIR/manifest.json) and what was reused."""
+def prepare(opts: PrepareOptions, progress: Progress | None = None, warn: Warn | None = None) -> PrepareResult:
+    """Run the pipeline; returns the manifest (also written to OUT_DIR/manifest.json) and what was reused.
+    `warn` receives one-line warnings (default: printed to stderr)."""
     clock = _Clock()
-    plan = _plan(opts, progress)
+    out = Path(opts.out_dir)
+    _check_out_dir(out)
+    plan = _plan(opts, progress, warn or _warn_stderr)
     clock.lap("download")
 
     # 1. check every input before writing anything
@@ -309,12 +314,60 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareRe
         totals[split] = source.count()
     if totals.get("train", 0) == 0:
         raise DataError(f"the training data of {plan.name} is empty; pass a non-empty --train corpus")
+    for split, fix in _EMPTY_FIX.items():
+        if totals.get(split, 1) == 0:
+            raise DataError(f"the {split} data of {plan.name} is empty ({_where(plan.sources[split])}); {fix}")
     clock.lap("check")
 
-    out = Path(opts.out_dir)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"-o {out} exists and is not a directory")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build(opts, plan, totals, out, progress, clock)
+    except BaseException:
+        _remove_empty_dirs(out, created)
+        raise
+
+
+# An empty valid split is refused rather than accepted with a warning: nmt train validates on it (validation
+# loss, checkpoint_best.pt, --patience, BLEU), and a run that silently trains without them is worse than an error.
+_EMPTY_FIX = {"valid": "nmt train validates on it (validation loss, checkpoint_best.pt, --patience): pass a "
+                       "non-empty --valid corpus (a few hundred held-out pairs)",
+              "test": "pass a non-empty --test corpus, or leave --test out (the test split is optional)"}
+
+
+def _where(source: PairSource) -> str:
+    paths = getattr(source, "paths", None) or getattr(source, "files", None)
+    return " and ".join(str(p) for p in paths[:2]) if paths else source.name
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _check_out_dir(out: Path) -> None:
+    """-o must be a directory (or creatable) that this user can write: checked before anything is downloaded."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"-o {out} exists and is not a directory; choose another output directory")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise DataError(f"-o {out}: {parent} is not a writable directory; choose an output directory you can write")
+
+
+def _remove_empty_dirs(out: Path, created: bool) -> None:
+    """After a failed run: remove the empty folders it made (.steps/, raw/, and OUT itself if this run created it)
+    so no empty OUT/.steps/ is left behind; files of finished steps stay for the next run to reuse."""
+    for d in (out / STEPS_DIR, out / "raw", *([out] if created else [])):
+        try:
+            d.rmdir()  # only succeeds when empty
+        except OSError:
+            pass
+
+
+def _build(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path, progress: Progress | None,
+           clock: _Clock) -> PrepareResult:
+    """Steps 2-4 into OUT (which exists)."""
     (out / MANIFEST).unlink(missing_ok=True)  # untrusted until this run finishes
     stamps = _Stamps(out, opts.force)
     workers = opts.workers or os.cpu_count() or 1

@@ -124,7 +124,7 @@ class TableSource(PairSource):
             if not f.is_file():
                 raise DataError(f"{f} does not exist")
             if f.suffix == ".parquet":
-                n += _pyarrow_parquet().ParquetFile(f).metadata.num_rows
+                n += pyarrow_parquet().ParquetFile(f).metadata.num_rows
             else:
                 n += count_lines(f)
         return n
@@ -138,7 +138,7 @@ class TableSource(PairSource):
         self.checksums = {str(f): "sha256:" + sha256_file(f) for f in self.files}
 
     def _parquet_chunks(self, path: Path, size: int) -> Iterator[tuple[list[str], list[str]]]:
-        pf = _pyarrow_parquet().ParquetFile(path)
+        pf = pyarrow_parquet().ParquetFile(path)
         for batch in pf.iter_batches(batch_size=size, columns=["translation"]):
             col = batch.column(0)
             try:
@@ -200,10 +200,12 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _pyarrow_parquet():
+def pyarrow_parquet():
+    """pyarrow.parquet (a dependency of nmt-cli); a ConfigError saying how to repair a broken install."""
     try:
         import pyarrow.parquet as pq
-    except ImportError:
-        raise ConfigError("reading the hub's parquet files needs pyarrow: pip install pyarrow (or pass text "
-                          "files: nmt prepare custom --train PREFIX ...)") from None
+    except ImportError as exc:
+        raise ConfigError(f"reading the hub's parquet files needs pyarrow, which cannot be imported ({exc}); "
+                          "reinstall it: pip install 'pyarrow>=16' (or pass text files: nmt prepare custom "
+                          "--train PREFIX ...)") from None
     return pq
