@@ -16,6 +16,7 @@ import io
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -71,6 +72,7 @@ class LocalHub:
         self.files = files
         self.fail: tuple[int, dict[str, str]] | None = None  # (status, headers) for every request
         self.listed_size: int | None = None  # a size paths-info reports instead of the real one
+        self.pause: float = 0.0  # seconds a download stops halfway (a slow network)
         self.requests: list[str] = []
         hub = self
 
@@ -139,12 +141,15 @@ class LocalHub:
             return self._reply(h, 206 if start else 200, data[start:], headers, method)
         return self._reply(h, 404, b"no such route", {}, method)
 
-    @staticmethod
-    def _reply(h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict, method: str) -> None:
+    def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict, method: str) -> None:
         h.send_response(status)
         for k, v in headers.items():
             h.send_header(k, v)
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         if method != "HEAD":
-            h.wfile.write(body)
+            half = len(body) // 2 if self.pause else len(body)
+            h.wfile.write(body[:half])
+            h.wfile.flush()
+            time.sleep(self.pause)
+            h.wfile.write(body[half:])

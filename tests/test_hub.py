@@ -76,6 +76,17 @@ def error_line(r: subprocess.CompletedProcess) -> str:
     return r.stderr
 
 
+def test_runs_against_the_expected_releases():
+    """`make test-lowest` runs this file with the lowest huggingface-hub and pyarrow pyproject.toml admits."""
+    import huggingface_hub
+    import pyarrow
+
+    want = os.environ.get("NMT_EXPECT_VERSIONS")
+    if not want:
+        pytest.skip("NMT_EXPECT_VERSIONS is set by make test-lowest")
+    assert f"huggingface-hub=={huggingface_hub.__version__} pyarrow=={pyarrow.__version__}" == want
+
+
 # ------------------------------------------------------------------------------------------ offline cache
 
 
@@ -183,6 +194,27 @@ def test_corrupt_cached_file_is_downloaded_again_online(tmp_path):
     assert len(warnings) == 1 and name in warnings[0] and "corrupt" in warnings[0], r.stderr
     assert hub.check_file(link) is None
     assert json.loads((tmp_path / "o" / MANIFEST).read_text())["splits"]["test"]["read"] == SIZES["test"]
+
+
+def test_download_progress_counts_bytes_while_the_file_arrives(tmp_path):
+    """Progress polls the growing .incomplete file, whatever the hub release (no tqdm_class, no TTY needed)."""
+    rev = "c" * 40
+    body = os.urandom(24 << 20)  # bigger than the client's 10 MiB read chunks, so a part lands on disk first
+    code = (
+        "import sys\n"
+        "from nmt_cli.data import hub\n"
+        "events = []\n"
+        f"files = hub.HubFiles('o/r', '{rev}', {{'train': ('big.parquet',)}})\n"
+        "paths = hub.fetch(files, progress=lambda stage, done, total: events.append((stage, done, total)))\n"
+        "partial = [d for s, d, t in events if s.startswith('download') and 0 < d < t]\n"
+        "print(paths['train'][0].stat().st_size, len(partial))\n")
+    with LocalHub({("o/r", rev, "big.parquet"): body}) as server:
+        server.pause = 1.0
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                           env=env_for(tmp_path / "hub", tmp_path, offline=False, HF_ENDPOINT=server.url))
+    assert r.returncode == 0, r.stderr
+    size, partial = map(int, r.stdout.split())
+    assert size == len(body) and partial >= 1
 
 
 def test_proxy_variables_are_honoured(tmp_path):
