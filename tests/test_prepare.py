@@ -294,3 +294,26 @@ def test_from_dir_with_hub_parquet_layout(tmp_path):
     assert m["splits"]["train"]["read"] == 300 and m["splits"]["test"]["kept"] == 20
     first_test_pair = data["test"][0]  # shard order = file order; the single test shard keeps row order
     assert (tmp_path / "o" / "raw" / "test.en").read_text().splitlines()[0] == first_test_pair[0]
+
+
+def test_bpe_sample_is_exactly_k_pairs_spread_over_the_corpus_and_streamed():
+    from nmt_cli.data.clean import Normalizer
+    from nmt_cli.data.prepare import _bpe_sentences
+    from nmt_cli.data.readers import MemorySource
+
+    source = MemorySource("train", [(f"s{i}", f"t{i}") for i in range(10_000)], {})
+
+    def sample(k, seed=1):
+        given = [0]
+        out = list(_bpe_sentences(source, 10_000, k, seed, Normalizer("en", "de", False), 700, None, given))
+        assert given[0] == len(out)
+        return out
+
+    got = sample(1000)
+    firsts = [x for x in got if x.startswith("s")]
+    assert len(got) == 2000 and len(set(firsts)) == 1000
+    assert {f"t{x[1:]}" for x in firsts} == {x for x in got if x.startswith("t")}  # both sides of each pair
+    per_tenth = np.histogram([int(x[1:]) for x in firsts], bins=10, range=(0, 10_000))[0]
+    assert per_tenth.min() > 60 and per_tenth.max() < 140  # uniform over the corpus, not its head
+    assert sample(1000) == got and sample(1000, seed=2) != got
+    assert len(sample(10_000)) == 20_000
