@@ -24,6 +24,7 @@ import shutil
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,7 +190,7 @@ def _preflight(hub: HubFiles, missing: list[str], root: Path, hint: str) -> tupl
             sha = lfs.get("sha256")
         if sha:
             expected[n] = sha
-    need = sum(sizes.values()) - _partial_bytes(hub, root)
+    need = sum(sizes.values())
     free = shutil.disk_usage(root).free
     if need + DISK_MARGIN > free:
         raise DownloadError(f"downloading {len(missing)} files of {hub.where} needs {_gb(need + DISK_MARGIN)} in "
@@ -220,12 +221,6 @@ def _list(hub: HubFiles, names: list[str], hint: str) -> dict:
     if "error" in box:
         raise hub_error(box["error"], hub, names[0], "list", hint) from box["error"]
     return {i.path: i for i in box["infos"]}
-
-
-def _partial_bytes(hub: HubFiles, root: Path) -> int:
-    """Bytes already in `*.incomplete` files of the repository (a resumed download needs only the rest)."""
-    blobs = _blob_dir(hub, root)
-    return sum(p.stat().st_size for p in blobs.glob("*.incomplete")) if blobs.is_dir() else 0
 
 
 def _blob_dir(hub: HubFiles, root: Path) -> Path:
@@ -260,8 +255,8 @@ def _download(hub: HubFiles, name: str, root: Path, size: int | None, label: str
     stop = threading.Event()
     poller = None
     if progress:
-        poller = threading.Thread(target=_poll, args=(_blob_dir(hub, root), label, size, progress, stop),
-                                  daemon=True, name="nmt-hub-progress")
+        poller = threading.Thread(target=_poll, args=(_blob_dir(hub, root), label, size, progress, stop,
+                                                      time.time() - 1), daemon=True, name="nmt-hub-progress")
         poller.start()
     try:
         path = hf.hf_hub_download(hub.repo, name, repo_type="dataset", revision=hub.revision, cache_dir=str(root))
@@ -278,13 +273,15 @@ def _download(hub: HubFiles, name: str, root: Path, size: int | None, label: str
     return Path(path)
 
 
-def _poll(blobs: Path, label: str, size: int | None, progress: Progress, stop: threading.Event) -> None:
+def _poll(blobs: Path, label: str, size: int | None, progress: Progress, stop: threading.Event,
+          since: float) -> None:
+    """Report the bytes of the `*.incomplete` file(s) written since the download started, every 0.25 s."""
     while not stop.wait(0.25):
         try:
-            done = sum(p.stat().st_size for p in blobs.glob("*.incomplete"))
+            stats = [p.stat() for p in blobs.glob("*.incomplete")]
         except OSError:  # a file renamed into place between listing and stat
             continue
-        progress(label, done, size)
+        progress(label, sum(st.st_size for st in stats if st.st_mtime >= since), size)
 
 
 # ------------------------------------------------------------------------------------------ errors
