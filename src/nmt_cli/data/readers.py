@@ -124,7 +124,7 @@ class TableSource(PairSource):
             if not f.is_file():
                 raise DataError(f"{f} does not exist")
             if f.suffix == ".parquet":
-                n += pyarrow_parquet().ParquetFile(f).metadata.num_rows
+                n += _open_parquet(f).metadata.num_rows
             else:
                 n += count_lines(f)
         return n
@@ -138,16 +138,19 @@ class TableSource(PairSource):
         self.checksums = {str(f): "sha256:" + sha256_file(f) for f in self.files}
 
     def _parquet_chunks(self, path: Path, size: int) -> Iterator[tuple[list[str], list[str]]]:
-        # pre_buffer=False: pyarrow's default reads ahead every row group of the file (peak memory grew with the
-        # file: 261 MiB for a 1.5M-pair shard, 52 MiB without it); one row group at a time keeps it bounded.
-        pf = pyarrow_parquet().ParquetFile(path, pre_buffer=False)
-        for batch in pf.iter_batches(batch_size=size, columns=["translation"]):
-            col = batch.column(0)
+        batches = iter(_open_parquet(path).iter_batches(batch_size=size, columns=["translation"]))
+        while True:
             try:
-                yield [_one_line(s) for s in col.field(self.src).to_pylist()], \
-                      [_one_line(s) for s in col.field(self.tgt).to_pylist()]
+                batch = next(batches, None)
+                if batch is None:
+                    return
+                col = batch.column(0)
+                src, tgt = col.field(self.src).to_pylist(), col.field(self.tgt).to_pylist()
             except KeyError as exc:
                 raise DataError(f"{path} has no '{self.src}'/'{self.tgt}' translation fields") from exc
+            except (OSError, ValueError) as exc:  # pyarrow's ArrowIOError / ArrowInvalid: a damaged file
+                raise DataError(_unreadable(path, exc)) from None
+            yield [_one_line(x) for x in src], [_one_line(x) for x in tgt]
 
     def _jsonl_chunks(self, path: Path, size: int) -> Iterator[tuple[list[str], list[str]]]:
         with open(path, encoding="utf-8") as f:
@@ -164,6 +167,21 @@ class TableSource(PairSource):
                         raise DataError(f"{path}: line {lineno} is not a JSON object with translation."
                                         f"{self.src}/{self.tgt} ({exc})") from None
                 yield src, tgt
+
+
+def _open_parquet(path: Path):
+    """A pyarrow ParquetFile read one row group at a time (pre_buffer=False: pyarrow's default reads ahead every
+    row group of the file, so peak memory grew with the file: 261 MiB for a 1.5M-pair shard, 52 MiB without)."""
+    try:
+        return pyarrow_parquet().ParquetFile(path, pre_buffer=False)
+    except (OSError, ValueError) as exc:
+        raise DataError(_unreadable(path, exc)) from None
+
+
+def _unreadable(path: Path, exc: Exception) -> str:
+    detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    return (f"{path} cannot be read as a parquet file with a `translation` column ({detail}); download it again "
+            "or pass other files")
 
 
 def _one_line(s: str | None) -> str:
