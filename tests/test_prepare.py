@@ -321,10 +321,9 @@ def test_bpe_sample_is_exactly_k_pairs_spread_over_the_corpus_and_streamed():
 
 def test_damaged_parquet_is_one_line(tmp_path):
     spec = corpora.CORPORA["wmt16-en-ro"]
-    for split, names in spec.hub.files.items():
-        for name in names:
-            (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / name).write_bytes(b"PAR1 this is not parquet PAR1")
+    for name in spec.hub.names():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(b"PAR1 this is not parquet PAR1")
     with pytest.raises(DataError, match=r"train-00000-of-00001.parquet cannot be read as a parquet file"):
         prepare(PrepareOptions("wmt16-en-ro", str(tmp_path / "o"), from_dir=str(tmp_path)))
     assert not (tmp_path / "o").exists()
