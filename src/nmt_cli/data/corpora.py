@@ -60,9 +60,11 @@ WMT16 = "3923157a85dd2f15031c2b4657a7ba7193237544"
 # wmt/wmt17 at 4d4005cd: its tree de-en/ holds train-0000{0..3}-of-00004, validation- and test-00000-of-00001
 # .parquet (commit "Add de-en data files"); dataset_info: 5,906,184 / 2,999 / 3,004 pairs, download 1.01 GB.
 WMT17 = "4d4005cd782764492c32328b406483170bc41f25"
-# IWSLT/iwslt2017 is a loading script; its parquet export lives on the refs/convert/parquet branch. At 9ca48082
-# ("Delete old duckdb index files") iwslt2017-de-en/{train,validation,test}/0000.parquet are there (train 26.4 MB;
-# 206,112 / 888 / 8,079 pairs: dev2010 as validation, tst2010-2015 concatenated as test, as the script builds them).
+# IWSLT/iwslt2017 is a loading script; its parquet export lives on the refs/convert/parquet branch: commit 3309978
+# ("Update parquet files") renamed iwslt2017-de-en/iwslt2017-{train,validation,test}.parquet to {split}/0000.parquet
+# (checked: the trees of iwslt2017-de-en/train and /validation, train 26.4 MB); 9ca48082, the branch's head when
+# checked ("Delete old duckdb index files"), only removed index files. 206,112 / 888 / 8,079 pairs: dev2010 as
+# validation, tst2010-2015 concatenated as test, as the loading script builds them.
 IWSLT17 = "9ca48082a7aae6d0a9d18efb292c50eacd10d2e8"
 
 CORPORA = {
