@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 DEMO_STEPS ?= 1200
 
-.PHONY: install test test-all demo lint bench clean
+.PHONY: install test test-all test-lowest demo lint bench clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,15 @@ test: install
 test-all: install
 	$(BIN)/python -m pytest -m ""
 
+# The hub path against the lowest huggingface-hub and pyarrow that pyproject.toml admits (CI runs it after
+# `make test`): both are installed from PyPI into .lowest/, which PYTHONPATH puts before the environment's own.
+# huggingface-hub < 1 talks HTTP through requests, so requests comes too.
+LOWEST ?= huggingface-hub==0.23.0 pyarrow==16.0.0
+test-lowest: install
+	rm -rf .lowest
+	$(BIN)/pip install -q --no-deps --target .lowest $(LOWEST) requests urllib3 certifi charset-normalizer
+	NMT_EXPECT_VERSIONS="$(LOWEST)" PYTHONPATH=.lowest $(BIN)/python -m pytest tests/test_hub.py
+
 lint: install
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/ruff check src tests bench
@@ -46,4 +55,4 @@ bench: install
 	$(BIN)/python bench/translate.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .lowest

@@ -1,12 +1,10 @@
 """nmt prepare: the pipeline on the sample corpus and local files, cleaning counts, reuse, bad input,
-interrupted runs, the hub download path (against a local fake) and the offline failure."""
+interrupted runs, --from-dir. The hub path (through the real huggingface_hub client) is in test_hub.py."""
 
 import hashlib
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +14,7 @@ from nmt_cli.data import corpora
 from nmt_cli.data.prepare import PrepareOptions, prepare
 from nmt_cli.data.store import MANIFEST, ParallelData, load_manifest
 from nmt_cli.data.tokenizer import Tokenizer
-from nmt_cli.errors import ConfigError, DataError, DownloadError
+from nmt_cli.errors import ConfigError, DataError
 
 SMALL = {"train": 1500, "valid": 60, "test": 60}
 
@@ -146,7 +144,7 @@ def test_invalid_utf8_names_file_and_line_or_is_replaced(tmp_path):
                 vocab_size=40, workers=1)
     with pytest.raises(DataError, match=r"train\.de: line 3 is not valid UTF-8.*--errors replace"):
         prepare(PrepareOptions("custom", str(tmp_path / "o1"), **args))
-    assert not (tmp_path / "o1" / MANIFEST).exists()
+    assert not (tmp_path / "o1").exists()  # the failed run removed the (empty) OUT and OUT/.steps it made
     prepare(PrepareOptions("custom", str(tmp_path / "o2"), errors="replace", **args))
     assert "schl\ufffdcht" in (tmp_path / "o2" / "raw" / "train.de").read_text()
 
@@ -206,116 +204,6 @@ def test_from_dir_with_text_files(tmp_path):
     assert m["origin"]["kind"] == "from-dir" and m["splits"]["test"]["kept"] == 30
 
 
-# ------------------------------------------------------------------------------------------ hub download
-
-
-def _fake_hub(tmp_path, monkeypatch, corrupt: str | None = None):
-    """Make huggingface_hub serve wmt14 de-en files (JSON lines with the hub's `translation` field) from
-    tmp_path: nothing is cached at first; 'downloads' copy from a local folder."""
-    import huggingface_hub
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    from nmt_cli.data.sample import generate
-
-    remote = tmp_path / "remote"
-    spec = corpora.CORPORA["wmt14-en-de"]
-    data = generate({"train": 600, "valid": 40, "test": 40}, seed=9)
-    shas, calls = {}, []
-    for split, names in spec.hub_files().items():
-        rows = data[split]
-        for i, name in enumerate(names):
-            part = rows[i::len(names)]
-            path = remote / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("".join(json.dumps({"translation": {"de": d, "en": e}}) + "\n" for e, d in part))
-            shas[name] = hashlib.sha256(path.read_bytes()).hexdigest()
-    cache = tmp_path / "cache"
-
-    def fake_download(repo_id, filename, *, repo_type=None, revision=None, local_files_only=False,
-                      cache_dir=None, tqdm_class=None, **kw):
-        assert (repo_id, repo_type, revision) == ("wmt/wmt14", "dataset", corpora.HUB_REVISION)
-        target = cache / (filename.replace(".parquet", "") + ".jsonl")
-        if local_files_only:
-            if not target.exists():
-                raise LocalEntryNotFoundError("not cached")
-            return str(target)
-        calls.append(filename)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        body = (remote / filename).read_bytes()
-        target.write_bytes(body.replace(b"Hund", b"Katze") if filename == corrupt else body)
-        if tqdm_class is not None:
-            bar = tqdm_class(total=len(body))
-            bar.update(len(body))
-            bar.close()
-        return str(target)
-
-    monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
-    monkeypatch.setattr(corpora, "_check_online", lambda where, spec: None)
-    monkeypatch.setattr(corpora, "_expected_sha256", lambda names: {n: shas[n] for n in names})
-    return calls
-
-
-def test_download_path_with_a_fake_hub(tmp_path, monkeypatch):
-    calls = _fake_hub(tmp_path, monkeypatch)
-    events = []
-    opts = PrepareOptions("wmt14-en-de", str(tmp_path / "o"), vocab_size=200, workers=1)
-    m = prepare(opts, progress=lambda stage, done, total: events.append(stage)).manifest
-    assert len(calls) == 5  # 3 train shards + validation + test
-    assert m["origin"]["repo"] == "wmt/wmt14" and m["origin"]["revision"] == corpora.HUB_REVISION
-    assert (m["src_lang"], m["tgt_lang"]) == ("en", "de") and m["splits"]["valid"]["kept"] == 40
-    assert any(e.startswith("download de-en/train-00000-of-00003") for e in events)
-    assert m["splits"]["train"]["read"] == 600
-    r = prepare(opts)  # everything cached now: no new download, all steps reused
-    assert len(calls) == 5 and len(r.reused) == 4
-
-
-def test_download_checksum_mismatch_is_an_error(tmp_path, monkeypatch):
-    _fake_hub(tmp_path, monkeypatch, corrupt="de-en/test-00000-of-00001.parquet")
-    with pytest.raises(DownloadError, match="sha256"):
-        prepare(PrepareOptions("wmt14-en-de", str(tmp_path / "o"), vocab_size=200, workers=1))
-
-
-def test_unreachable_hub_fails_at_once_with_one_line(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    t = time.perf_counter()
-    with pytest.raises(DownloadError) as exc:
-        prepare(PrepareOptions("wmt14-en-fr", str(tmp_path / "o"), cache_dir=str(tmp_path / "cache")))
-    assert time.perf_counter() - t < 10
-    msg = str(exc.value)
-    assert "\n" not in msg and "wmt/wmt14" in msg and "nmt prepare custom" in msg and "--from-dir" in msg
-    assert not (tmp_path / "o").exists()
-
-
-def test_hf_hub_offline_fails_at_once(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(DownloadError, match="HF_HUB_OFFLINE"):
-        prepare(PrepareOptions("wmt14-en-de", str(tmp_path / "o"), cache_dir=str(tmp_path / "cache")))
-
-
-def _offline() -> bool:
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=3).close()
-        return False
-    except OSError:
-        return True
-
-
-@pytest.mark.skipif(not _offline(), reason="this machine can reach huggingface.co (would start a real download)")
-def test_real_offline_failure_through_the_cli(tmp_path):
-    t = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "prepare", "wmt14-en-de", "-o", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=120,
-                       env={"HF_HOME": str(tmp_path / "hf"), "PATH": "/usr/bin:/bin"})
-    assert time.perf_counter() - t < 30
-    assert r.returncode == 1
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "wmt/wmt14" in lines[0] and "--from-dir" in lines[0], r.stderr
-
-
 # ----------------------------------------------------------------------------------------------- the CLI
 
 
@@ -336,6 +224,34 @@ def test_cli_list_and_errors(tmp_path):
     r = run_nmt("prepare", "custom", "--src-lang", "en", "--tgt-lang", "de", "--train", str(tmp_path / "t"),
                 "--valid", str(tmp_path / "t"), "-o", str(tmp_path / "y"))
     assert r.returncode == 1 and "t.en has 2 lines but" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error:") and len(r.stderr.splitlines()) == 1  # no blank line before it
+
+
+def test_empty_valid_is_refused_with_one_line(tmp_path):
+    write_pair(tmp_path / "train", ["a dog", "the cat"], ["ein Hund", "die Katze"])
+    write_pair(tmp_path / "valid", [], [])
+    r = run_nmt("prepare", "custom", "--src-lang", "en", "--tgt-lang", "de", "--train", str(tmp_path / "train"),
+                "--valid", str(tmp_path / "valid"), "-o", str(tmp_path / "o"))
+    assert r.returncode == 1 and r.stderr.startswith("error:") and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "valid data of custom is empty" in r.stderr and "valid.en" in r.stderr and "--valid" in r.stderr
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(DataError, match="test data of custom is empty.*leave --test out"):
+        prepare(PrepareOptions("custom", str(tmp_path / "o"), src_lang="en", tgt_lang="de",
+                               train=str(tmp_path / "train"), valid=str(tmp_path / "train"),
+                               test=str(tmp_path / "valid")))
+
+
+def test_failed_run_in_an_existing_dir_keeps_its_files_and_leaves_no_empty_steps(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    write_pair(tmp_path / "train", ["good", "bad"], ["gut", "schlecht"])
+    (tmp_path / "train.de").write_bytes(b"gut\nschl\xffcht\n")
+    write_pair(tmp_path / "valid", ["a"], ["x"])
+    with pytest.raises(DataError, match="not valid UTF-8"):
+        prepare(PrepareOptions("custom", str(out), src_lang="en", tgt_lang="de", train=str(tmp_path / "train"),
+                               valid=str(tmp_path / "valid")))
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
 
 def test_cli_prepares_sample_with_summary(tmp_path):
@@ -357,15 +273,6 @@ def test_multi30k_custom(tmp_path):
     assert s["train"]["read"] == 29000 and s["valid"]["kept"] == 1014 and s["test"]["kept"] == 1000
 
 
-def _has_pyarrow() -> bool:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _has_pyarrow(), reason="pyarrow is not installed")
 def test_from_dir_with_hub_parquet_layout(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -375,7 +282,7 @@ def test_from_dir_with_hub_parquet_layout(tmp_path):
     data = generate({"train": 300, "valid": 20, "test": 20}, seed=4)
     spec = corpora.CORPORA["wmt14-en-de"]
     struct = pa.struct([("de", pa.string()), ("en", pa.string())])
-    for split, names in spec.hub_files().items():
+    for split, names in spec.hub.files.items():
         for i, name in enumerate(names):
             rows = data[split][i :: len(names)]
             path = tmp_path / "hub" / name
@@ -389,11 +296,34 @@ def test_from_dir_with_hub_parquet_layout(tmp_path):
     assert (tmp_path / "o" / "raw" / "test.en").read_text().splitlines()[0] == first_test_pair[0]
 
 
-@pytest.mark.skipif(_has_pyarrow(), reason="pyarrow is installed")
-def test_parquet_without_pyarrow_says_how_to_install_it(tmp_path):
-    for name in corpora.CORPORA["wmt14-en-de"].hub_files()["train"] + ["de-en/validation-00000-of-00001.parquet",
-                                                                       "de-en/test-00000-of-00001.parquet"]:
+def test_bpe_sample_is_exactly_k_pairs_spread_over_the_corpus_and_streamed():
+    from nmt_cli.data.clean import Normalizer
+    from nmt_cli.data.prepare import _bpe_sentences
+    from nmt_cli.data.readers import MemorySource
+
+    source = MemorySource("train", [(f"s{i}", f"t{i}") for i in range(10_000)], {})
+
+    def sample(k, seed=1):
+        given = [0]
+        out = list(_bpe_sentences(source, 10_000, k, seed, Normalizer("en", "de", False), 700, None, given))
+        assert given[0] == len(out)
+        return out
+
+    got = sample(1000)
+    firsts = [x for x in got if x.startswith("s")]
+    assert len(got) == 2000 and len(set(firsts)) == 1000
+    assert {f"t{x[1:]}" for x in firsts} == {x for x in got if x.startswith("t")}  # both sides of each pair
+    per_tenth = np.histogram([int(x[1:]) for x in firsts], bins=10, range=(0, 10_000))[0]
+    assert per_tenth.min() > 60 and per_tenth.max() < 140  # uniform over the corpus, not its head
+    assert sample(1000) == got and sample(1000, seed=2) != got
+    assert len(sample(10_000)) == 20_000
+
+
+def test_damaged_parquet_is_one_line(tmp_path):
+    spec = corpora.CORPORA["wmt16-en-ro"]
+    for name in spec.hub.names():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_bytes(b"PAR1")
-    with pytest.raises(ConfigError, match="pip install pyarrow"):
-        prepare(PrepareOptions("wmt14-en-de", str(tmp_path / "o"), from_dir=str(tmp_path)))
+        (tmp_path / name).write_bytes(b"PAR1 this is not parquet PAR1")
+    with pytest.raises(DataError, match=r"train-00000-of-00001.parquet cannot be read as a parquet file"):
+        prepare(PrepareOptions("wmt16-en-ro", str(tmp_path / "o"), from_dir=str(tmp_path)))
+    assert not (tmp_path / "o").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import threading
 from enum import Enum
 
 import typer
@@ -14,14 +16,18 @@ class ErrorMode(str, Enum):
 _HELP = (
     "Prepare a corpus for training: download or read it, clean it (counts reported), learn a joint "
     "sentencepiece BPE, encode on all cores and binarize it into OUT_DIR with a manifest.\n\n"
-    "NAME is a known corpus (nmt prepare --list: wmt14-en-de, wmt14-en-fr, their reverses, sample) or 'custom' "
-    "with your own files (--train/--valid/--test PREFIX read PREFIX.<src-lang> and PREFIX.<tgt-lang>). "
+    "NAME is a known corpus (nmt prepare --list: wmt14-en-de, wmt14-en-fr, wmt16-en-ro, wmt17-en-de, "
+    "iwslt17-de-en, their reverses, sample) or 'custom' with your own files (--train/--valid/--test PREFIX read "
+    "PREFIX.<src-lang> and PREFIX.<tgt-lang>). Hub corpora are pinned to a revision and cached where "
+    "huggingface_hub caches (HF_HUB_CACHE, HF_HOME); a cached file is checked before use. "
     "Re-running with the same options reuses finished steps; --force redoes them."
 )
 _EPILOG = (
     "Examples:\n\n"
     "  nmt prepare sample -o data/sample\n\n"
     "  nmt prepare wmt14-en-de -o data/ende\n\n"
+    "  nmt prepare wmt16-ro-en -o data/roen                         # the reverse direction\n\n"
+    "  HF_HUB_OFFLINE=1 nmt prepare wmt14-en-de -o data/ende       # from the cache only\n\n"
     "  nmt prepare wmt14-en-de --from-dir ~/wmt14 -o data/ende     # pre-downloaded files\n\n"
     "  nmt prepare custom --src-lang en --tgt-lang de --train corpus/train --valid corpus/valid "
     "--test corpus/test --vocab-size 8000 -o data/mine\n\n"
@@ -45,8 +51,8 @@ def register(app: typer.Typer) -> None:
                                      "hub layout (de-en/*.parquet)."),
         reverse: bool = typer.Option(False, "--reverse", help="Swap the direction (wmt14-en-de -> de->en)."),
         vocab_size: int = typer.Option(
-            None, "--vocab-size", min=16, help="Joint BPE vocabulary (default: 37000 en-de, 32000 en-fr, "
-                                               "2000 sample, 8000 custom)."),
+            None, "--vocab-size", min=16, help="Joint BPE vocabulary (default per corpus, see --list; 8000 "
+                                               "custom)."),
         max_len: int = typer.Option(250, "--max-len", min=1, help="Drop training pairs with a side longer than "
                                                                   "this many BPE tokens."),
         ratio: float = typer.Option(1.5, "--ratio", min=1.0, help="Drop training pairs whose longer side has more "
@@ -77,32 +83,49 @@ def register(app: typer.Typer) -> None:
             seed=seed,
         )
         with _RichProgress() as progress:
-            result = run(opts, progress=progress)
+            result = run(opts, progress=progress, warn=progress.warn)
         _print_summary(result)
 
 
 def _print_list() -> None:
+    """One block per corpus (readable at any terminal width): name, reverse, sizes, test set, results, source."""
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
 
     from nmt_cli.data.corpora import corpus_table
 
-    table = Table(title="corpora for nmt prepare NAME")
-    rows = corpus_table()
-    for col in ("name", "direction", "pairs", "valid/test", "vocab", "source"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*(str(row[c]) for c in ("name", "direction", "pairs", "valid/test", "vocab", "source")))
-    Console(soft_wrap=True).print(table)
+    console = Console(highlight=False, soft_wrap=True)
+    console.print("corpora for [bold]nmt prepare NAME[/] (pairs: training pairs before cleaning)\n")
+    for row in corpus_table():
+        if row["source"].startswith("= "):  # a reverse: listed with its corpus
+            continue
+        reverse = next((r["name"] for r in corpus_table() if r["source"] == f"= {row['name']} --reverse"), None)
+        console.print(f"[bold]{row['name']}[/]  {escape(row['direction'])}"
+                      + (f"  (reverse: [bold]{reverse}[/])" if reverse else ""))
+        console.print(f"  {row['description']}")
+        for label in ("pairs", "valid / test", "vocab", "published results", "source"):
+            console.print(f"  {label + ':':<19}{escape(str(row[label]))}")
+        console.print()
 
 
 class _RichProgress:
-    """A callable (stage, done, total) that renders rich progress bars on stderr, one task per stage."""
+    """A callable (stage, done, total) that renders rich progress bars on stderr, one task per stage. The bars
+    start with the first stage, so an error before any progress is the first line on stderr; on an error the
+    bars are removed and only the error line stays."""
 
     def __enter__(self):
         from rich.console import Console
+
+        self._console = Console(stderr=True, highlight=False, soft_wrap=True)
+        self._progress = None
+        self._tasks: dict[str, int] = {}
+        self._lock = threading.Lock()  # downloads report from a polling thread
+        return self
+
+    def _start(self):
         from rich.progress import (
             BarColumn,
+            DownloadColumn,
             MofNCompleteColumn,
             Progress,
             SpinnerColumn,
@@ -110,25 +133,41 @@ class _RichProgress:
             TimeElapsedColumn,
         )
 
-        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                  MofNCompleteColumn(), TimeElapsedColumn(),
-                                  console=Console(stderr=True), transient=False)
-        self._tasks: dict[str, int] = {}
+        class _Count(MofNCompleteColumn):  # bytes for downloads and checks, counts otherwise
+            def render(self, task):
+                if task.fields.get("bytes"):
+                    return DownloadColumn().render(task)
+                return super().render(task)
+
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(),
+                                  TimeElapsedColumn(), console=self._console, transient=False)
         self._progress.__enter__()
-        return self
 
     def __call__(self, stage: str, done: int, total: int | None) -> None:
-        if stage not in self._tasks:
-            for other in self._tasks.values():  # a new stage finishes the previous ones
-                task = self._progress.tasks[other]
-                if task.total is None:
-                    self._progress.update(other, total=max(task.completed, 1), completed=max(task.completed, 1))
-            self._tasks[stage] = self._progress.add_task(stage, total=total)
-        self._progress.update(self._tasks[stage], completed=done, total=total)
+        with self._lock:
+            if self._progress is None:
+                self._start()
+            if stage not in self._tasks:
+                for other in self._tasks.values():  # a new stage finishes the previous ones
+                    task = self._progress.tasks[other]
+                    if task.total is None:
+                        self._progress.update(other, total=max(task.completed, 1), completed=max(task.completed, 1))
+                is_bytes = stage.startswith(("download", "verify"))
+                self._tasks[stage] = self._progress.add_task(stage, total=total, bytes=is_bytes)
+            self._progress.update(self._tasks[stage], completed=done, total=total)
+
+    def warn(self, message: str) -> None:
+        from rich.markup import escape
+
+        self._console.print(f"[yellow]warning:[/] {escape(message)}")
 
     def __exit__(self, *exc):
-        if exc[0] is not None:  # on an error, leave only the error line on the terminal
-            self._progress.live.transient = True
+        if self._progress is None:
+            return False
+        if exc[0] is not None:  # on an error, leave only the error line: erase the bars on a terminal, and
+            self._progress.live.transient = True  # print no final render (a blank line) elsewhere
+            if not self._console.is_terminal:
+                self._console.file = io.StringIO()
         for task in self._progress.tasks:
             if task.total is None and not exc[0]:
                 self._progress.update(task.id, total=max(task.completed, 1), completed=max(task.completed, 1))

@@ -18,15 +18,19 @@ import hashlib
 import json
 import os
 import platform
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from nmt_cli.data import corpora, sample
+from nmt_cli.data import corpora, readers, sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
-from nmt_cli.data.corpora import PairSource, Progress
+from nmt_cli.data.corpora import Progress
+from nmt_cli.data.hub import Warn
+from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
 from nmt_cli.errors import ConfigError, DataError
@@ -96,7 +100,7 @@ class _Plan:
     origin: dict = field(default_factory=dict)
 
 
-def _plan(opts: PrepareOptions, progress: Progress | None) -> _Plan:
+def _plan(opts: PrepareOptions, progress: Progress | None, warn: Warn | None) -> _Plan:
     spec, reversed_name = corpora.resolve(opts.corpus)
     local = {s: getattr(opts, s) for s in corpora.SPLITS if getattr(opts, s)}
     if spec is None:  # custom
@@ -130,12 +134,12 @@ def _plan(opts: PrepareOptions, progress: Progress | None) -> _Plan:
             splits = sample.generate(sizes, sample.DEFAULT_SEED)
             ident = {"generator": "nmt_cli.data.sample", "version": sample.SAMPLE_VERSION,
                      "seed": sample.DEFAULT_SEED, "sizes": sizes}
-            sources = {s: corpora.MemorySource(s, pairs, {**ident, "split": s}) for s, pairs in splits.items()}
+            sources = {s: readers.MemorySource(s, pairs, {**ident, "split": s}) for s, pairs in splits.items()}
             origin = {"kind": "generated", **ident}
         else:
-            sources = corpora.hub_sources(spec, progress, opts.cache_dir)
-            origin = {"kind": "hub", "repo": corpora.HUB_REPO, "revision": corpora.HUB_REVISION,
-                      "files": spec.hub_files()}
+            sources = corpora.hub_sources(spec, opts.corpus, progress, opts.cache_dir, warn)
+            origin = {"kind": "hub", "repo": spec.hub.repo, "revision": spec.hub.revision,
+                      "files": {split: list(names) for split, names in spec.hub.files.items()}}
     src, tgt = (a, b)
     if opts.src_lang and spec is not None and opts.src_lang != a:
         src, tgt = b, a
@@ -196,23 +200,29 @@ class _Stamps:
 
 
 def _bpe_sentences(source: PairSource, n_pairs: int, k: int, seed: int, normalizer: Normalizer,
-                   chunk: int, progress: Progress | None) -> list[str]:
-    """Both sides of a uniform random sample of k training pairs (streamed; only the sample is kept)."""
+                   chunk: int, progress: Progress | None, counter: list[int]) -> Iterator[str]:
+    """Both sides of a uniform random sample of k of the n training pairs, streamed straight into sentencepiece
+    (the sample is never held as a Python list: 0.5 GB less at 2M sentences). For each chunk a hypergeometric
+    draw says how many of its pairs are in the sample, so exactly k are taken, every k-subset equally likely,
+    with memory bounded by one chunk whatever n. `counter[0]` counts the sentences given."""
     rng = np.random.default_rng(seed)
-    chosen = np.sort(rng.choice(n_pairs, size=k, replace=False)) if k < n_pairs else np.arange(n_pairs)
-    out: list[str] = []
-    start = 0
+    need, left, done = k, n_pairs, 0
     for src, tgt in source.chunks(chunk):
-        lo, hi = np.searchsorted(chosen, [start, start + len(src)])
-        picked = (chosen[lo:hi] - start).tolist()
+        m = min(len(src), left)
+        take = m if need >= left else int(rng.hypergeometric(need, left - need, m)) if m else 0
+        picked = np.sort(rng.choice(m, size=take, replace=False)).tolist() if take < m else range(m)
         s, t = normalizer([src[i] for i in picked], [tgt[i] for i in picked])
-        out += [x for x in (y.strip() for y in s + t) if x]
-        start += len(src)
+        for x in s + t:
+            if x := x.strip():
+                counter[0] += 1
+                yield x
+        need, left, done = need - take, left - m, done + len(src)
         if progress:
-            progress("bpe sample", start, n_pairs)
-        if hi >= len(chosen):
+            progress("bpe sample", done, n_pairs)
+        if need <= 0 or left <= 0:
             break
-    return out
+    if progress:
+        progress("learn bpe", 0, None)
 
 
 def _encode_split(split: str, source: PairSource, plan: _Plan, tok: Tokenizer, out: Path, cfg: CleanConfig,
@@ -294,10 +304,13 @@ def _split_files(out: Path, split: str, langs: tuple[str, str]) -> list[Path]:
            [out / "raw" / f"{split}.{lang}" for lang in langs]
 
 
-def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareResult:
-    """Run the pipeline; returns the manifest (also written to OUT_DIR/manifest.json) and what was reused."""
+def prepare(opts: PrepareOptions, progress: Progress | None = None, warn: Warn | None = None) -> PrepareResult:
+    """Run the pipeline; returns the manifest (also written to OUT_DIR/manifest.json) and what was reused.
+    `warn` receives one-line warnings (default: printed to stderr)."""
     clock = _Clock()
-    plan = _plan(opts, progress)
+    out = Path(opts.out_dir)
+    _check_out_dir(out)
+    plan = _plan(opts, progress, warn or _warn_stderr)
     clock.lap("download")
 
     # 1. check every input before writing anything
@@ -308,12 +321,60 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareRe
         totals[split] = source.count()
     if totals.get("train", 0) == 0:
         raise DataError(f"the training data of {plan.name} is empty; pass a non-empty --train corpus")
+    for split, fix in _EMPTY_FIX.items():
+        if totals.get(split, 1) == 0:
+            raise DataError(f"the {split} data of {plan.name} is empty ({_where(plan.sources[split])}); {fix}")
     clock.lap("check")
 
-    out = Path(opts.out_dir)
-    if out.exists() and not out.is_dir():
-        raise DataError(f"-o {out} exists and is not a directory")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _build(opts, plan, totals, out, progress, clock)
+    except BaseException:
+        _remove_empty_dirs(out, created)
+        raise
+
+
+# An empty valid split is refused rather than accepted with a warning: nmt train validates on it (validation
+# loss, checkpoint_best.pt, --patience, BLEU), and a run that silently trains without them is worse than an error.
+_EMPTY_FIX = {"valid": "nmt train validates on it (validation loss, checkpoint_best.pt, --patience): pass a "
+                       "non-empty --valid corpus (a few hundred held-out pairs)",
+              "test": "pass a non-empty --test corpus, or leave --test out (the test split is optional)"}
+
+
+def _where(source: PairSource) -> str:
+    paths = getattr(source, "paths", None) or getattr(source, "files", None)
+    return " and ".join(str(p) for p in paths[:2]) if paths else source.name
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _check_out_dir(out: Path) -> None:
+    """-o must be a directory (or creatable) that this user can write: checked before anything is downloaded."""
+    if out.exists() and not out.is_dir():
+        raise DataError(f"-o {out} exists and is not a directory; choose another output directory")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise DataError(f"-o {out}: {parent} is not a writable directory; choose an output directory you can write")
+
+
+def _remove_empty_dirs(out: Path, created: bool) -> None:
+    """After a failed run: remove the empty folders it made (.steps/, raw/, and OUT itself if this run created it)
+    so no empty OUT/.steps/ is left behind; files of finished steps stay for the next run to reuse."""
+    for d in (out / STEPS_DIR, out / "raw", *([out] if created else [])):
+        try:
+            d.rmdir()  # only succeeds when empty
+        except OSError:
+            pass
+
+
+def _build(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path, progress: Progress | None,
+           clock: _Clock) -> PrepareResult:
+    """Steps 2-4 into OUT (which exists)."""
     (out / MANIFEST).unlink(missing_ok=True)  # untrusted until this run finishes
     stamps = _Stamps(out, opts.force)
     workers = opts.workers or os.cpu_count() or 1
@@ -333,15 +394,30 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareRe
     else:
         stamps.drop("bpe")
         k = min(totals["train"], max(1, plan.bpe_sample // 2))
-        sentences = _bpe_sentences(train, totals["train"], k, opts.seed, normalizer, opts.chunk_size, progress)
-        if not sentences:
-            raise DataError(f"the training data of {plan.name} has no non-empty sentence to learn BPE from")
-        if progress:
-            progress("learn bpe", 0, None)
-        model_bytes = train_bpe(sentences, plan.vocab_size, character_coverage=plan.coverage, num_threads=workers)
-        del sentences
+        given, failed = [0], []
+
+        def sentences():  # sentencepiece turns an error raised while it reads into its own: keep ours
+            try:
+                yield from _bpe_sentences(train, totals["train"], k, opts.seed, normalizer, opts.chunk_size,
+                                          progress, given)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+
+        try:
+            model_bytes = train_bpe(sentences(), plan.vocab_size, character_coverage=plan.coverage,
+                                    num_threads=workers)
+        except (DataError, RuntimeError):
+            if failed:
+                raise failed[0] from None
+            if given[0] == 0:
+                raise DataError(f"the training data of {plan.name} has no non-empty sentence to learn BPE "
+                                "from") from None
+            raise
+        if failed:
+            raise failed[0]
         _atomic_write_bytes(spm_path, model_bytes)
-        stamps.put("bpe", bpe_key, {"sentences": 2 * k})
+        stamps.put("bpe", bpe_key, {"sentences": given[0]})
     tok = Tokenizer(model_bytes)
     spm_sha = hashlib.sha256(model_bytes).hexdigest()
     clock.lap("bpe")
@@ -360,7 +436,7 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None) -> PrepareRe
             stamps.drop(f"encode-{split}")
             stamp = _encode_split(split, source, plan, tok, out, cfg, normalizer, workers, opts.chunk_size,
                                   totals[split], progress)
-            stamp["outputs"] = {f.name: "sha256:" + corpora.sha256_file(f)
+            stamp["outputs"] = {f.name: "sha256:" + readers.sha256_file(f)
                                 for f in _split_files(out, split, (a, b))[:4]}
             stamps.put(f"encode-{split}", key, stamp)
         results[split] = stamp
