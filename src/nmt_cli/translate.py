@@ -17,11 +17,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import torch
 
 from nmt_cli import checkpoint as ckpt_io
+from nmt_cli import hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
@@ -47,12 +48,35 @@ class TranslateConfig:
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
 
+    # The CLI's option names -> SearchConfig fields (the other options are TranslateConfig fields of the same name).
+    SEARCH_OPTIONS = {"beam": "beam", "lenpen": "alpha", "lenpen_form": "lp", "max_len_a": "max_len_a",
+                      "max_len_b": "max_len_b", "stop": "stop"}
+
+    @classmethod
+    def from_options(cls, **options) -> TranslateConfig:
+        """A config from `nmt translate`'s option names (beam, lenpen, lenpen_form, stop, max_len_a, max_len_b,
+        nbest, scores, buffer_size, max_tokens, max_sentences); options not given keep their defaults."""
+        fields = {f.name for f in dataclasses.fields(cls)} - {"search"}
+        unknown = set(options) - set(cls.SEARCH_OPTIONS) - fields
+        if unknown:
+            raise ConfigError(f"unknown translation option(s) {sorted(unknown)}; known: "
+                              f"{sorted(set(cls.SEARCH_OPTIONS) | fields)}")
+        search = SearchConfig(**{cls.SEARCH_OPTIONS[k]: v for k, v in options.items() if k in cls.SEARCH_OPTIONS})
+        return cls(search=search, **{k: v for k, v in options.items() if k in fields}).validate()
+
     def validate(self) -> TranslateConfig:
         for name in ("buffer_size", "max_tokens", "max_sentences"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         self.search = dataclasses.replace(self.search, nbest=self.nbest).validate()
         return self
+
+
+class Translation(NamedTuple):
+    """One hypothesis of a line: its score (sum of log-probabilities / length penalty) and detokenized text."""
+
+    score: float
+    text: str
 
 
 @dataclass
@@ -118,10 +142,17 @@ def last_checkpoints(directory: Path, n: int) -> list[Path]:
 average_checkpoints = training_ckpts.average_checkpoints
 
 
-def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None) -> list[ckpt_io.Checkpoint]:
-    """One checkpoint per `-m` value: a file, or with `average_last` a run directory averaged on the fly."""
+def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None,
+                     note: hub.Note | None = None) -> list[ckpt_io.Checkpoint]:
+    """One checkpoint per `-m` value: a file, an `hf:ORG/NAME[@REVISION]` hub reference (pulled through the hub
+    cache; `note` hears which commit), or with `average_last` a run directory averaged on the fly."""
     out = []
     for item in models:
+        if hub.is_hub_ref(item):
+            if average_last:
+                raise CheckpointError(f"{item}: --average-last needs a local run directory, not a hub reference")
+            out.append(ckpt_io.load(hub.resolve(item, note)))
+            continue
         path = Path(item)
         if average_last:
             if not path.is_dir():
@@ -154,7 +185,20 @@ def length_batches(sources: list[list[int]], max_tokens: int, max_sentences: int
 
 
 class Translator:
-    """A model (or ensemble) with its tokenizer: translates lists of raw lines."""
+    """A model (or ensemble) with its tokenizer: translates lists of raw lines. The Python API (`from nmt_cli import
+    Translator`; docs/api.md) and `nmt translate` both build it with `Translator.load`."""
+
+    @classmethod
+    def load(cls, model: str | Path | Iterable[str | Path], *, average_last: int | None = None,
+             device: str = "auto", precision: str = "fp32", warn: Warner | None = None,
+             note: hub.Note | None = None, **options) -> Translator:
+        """Load a checkpoint file, an `hf:ORG/NAME[@REVISION]` hub reference or a run directory (with
+        `average_last`), or a list of them (an ensemble). `options` are `nmt translate`'s option names:
+        beam=4, lenpen=0.6, lenpen_form="gnmt", stop="beam", max_len_a=1.0, max_len_b=50, nbest=1, max_tokens, ...
+        """
+        models = [model] if isinstance(model, (str, Path)) else list(model)
+        config = TranslateConfig.from_options(**options)
+        return cls(load_checkpoints(models, average_last, note), device, precision, config, warn)
 
     def __init__(self, checkpoints: list[ckpt_io.Checkpoint], device: str = "auto", precision: str = "fp32",
                  config: TranslateConfig | None = None, warn: Warner | None = None):
@@ -216,11 +260,16 @@ class Translator:
                 self.tgt_tokens += len(hyps[0].tokens) + 1
         return results
 
-    def translate(self, lines: list[str], first_line: int = 1) -> list[list[tuple[float, str]]]:
-        """Raw lines -> per line, the (score, detokenized text) of its hypotheses, best first."""
+    def translate(self, lines: list[str], first_line: int = 1) -> list[list[Translation]]:
+        """Raw lines -> per line, its `nbest` hypotheses (score, detokenized text), best first. `first_line` numbers
+        the lines in warnings."""
         hyps = self.translate_ids(self.encode(lines, first_line))
         texts = iter(self.tokenizer.decode([h.tokens for hs in hyps for h in hs]))
-        return [[(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
+        return [[Translation(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
+
+    def translate_best(self, lines: list[str]) -> list[str]:
+        """Raw lines -> the best translation of each, in order (an empty line gives an empty string)."""
+        return [hyps[0].text for hyps in self.translate(lines)]
 
 
 def _one_line(text: str) -> str:
@@ -251,7 +300,7 @@ def read_chunks(stream: BinaryIO, size: int, warn: Warner, first_line: int = 1) 
         yield chunk
 
 
-def format_chunk(results: list[list[tuple[float, str]]], first_line: int, config: TranslateConfig) -> str:
+def format_chunk(results: list[list[Translation]], first_line: int, config: TranslateConfig) -> str:
     """Plain text (optionally `score<TAB>text`) or n-best TSV `line<TAB>rank<TAB>score<TAB>text` (1-based)."""
     rows = []
     for i, hyps in enumerate(results):
