@@ -1,5 +1,5 @@
 # nmt: `make demo` installs and runs the whole pipeline on the embedded sample corpus;
-# `make test` installs and runs the unit tests.
+# `make test` installs (with the export extra: CTranslate2 and transformers, CPU builds) and runs the unit tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -27,10 +27,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	@touch $@
 
-test: install
+# The export extra (ctranslate2, transformers) for the tests of `nmt export`; prepare/train/translate never need it.
+# Neither package depends on torch, so the CPU torch installed above stays.
+$(VENV)/.export: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test,export]'
+	@touch $@
+
+test: install $(VENV)/.export
 	$(BIN)/python -m pytest
 
-test-all: install
+test-all: install $(VENV)/.export
 	$(BIN)/python -m pytest -m ""
 
 lint: install

@@ -23,8 +23,21 @@ def _pad(seqs: list[list[int]]) -> torch.Tensor:
     return out
 
 
+_TRAINED: dict[tuple, Path] = {}  # one training per settings and test session (the file stays until pytest ends)
+
+
 def train_tiny(path: Path, tokenizer_bytes: bytes, steps: int = 150, seed: int = 0, **overrides) -> Path:
-    """Teacher-forced cross-entropy with Adam on 600 toy pairs (batches of 32), saved as an nmt checkpoint."""
+    """Teacher-forced cross-entropy with Adam on 600 toy pairs (batches of 32), saved as an nmt checkpoint; a
+    model already trained with the same settings in this session is copied instead."""
+    key = (tokenizer_bytes, steps, seed, tuple(sorted(overrides.items())))
+    if key in _TRAINED and _TRAINED[key].exists():
+        path.write_bytes(_TRAINED[key].read_bytes())
+        return path
+    _TRAINED[key] = _train(path, tokenizer_bytes, steps, seed, **overrides)
+    return path
+
+
+def _train(path: Path, tokenizer_bytes: bytes, steps: int, seed: int, **overrides) -> Path:
     tok = Tokenizer(tokenizer_bytes)
     pairs = toy_pairs(600, seed=7)
     src = [ids + [EOS_ID] for ids in tok.encode([p[0] for p in pairs])]

@@ -90,7 +90,8 @@ class FakeHub:
         if method == "POST" and path == "/api/repos/create":
             data = json.loads(body)
             repo = f"{data['organization']}/{data['name']}"
-            self.repos.setdefault(repo, {"private": data.get("visibility") == "private", "commits": []})
+            private = data.get("visibility") == "private" or data.get("private") is True  # hub >= 1.x, < 1.x
+            self.repos.setdefault(repo, {"private": private, "commits": []})
             return self._json(h, {"url": f"{self.url}/{repo}", "name": repo}, method)
         if method == "POST" and path == "/api/validate-yaml":  # the client checks README.md's metadata first
             content = json.loads(body)["content"]

@@ -18,6 +18,7 @@ from helpers_translate import make_checkpoint
 from nmt_cli import checkpoint
 from nmt_cli.errors import ConfigError
 from nmt_cli.hub import HubRef
+from nmt_cli.translate import Translator
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 INPUT = "".join(p[0] + "\n" for p in toy_pairs(6, seed=9))
@@ -50,9 +51,9 @@ def cached_repo(tmp_path, toy_tokenizer_bytes):
 
 
 def local_translation(path: Path) -> str:
-    r = run_nmt("translate", "-m", str(path), "--max-len-b", "5")
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+    """What `nmt translate -m PATH --max-len-b 5` prints for INPUT (the CLI builds the same Translator)."""
+    lines = Translator.load(path, device="cpu", max_len_b=5).translate_best(INPUT.splitlines())
+    return "".join(line + "\n" for line in lines)
 
 
 def test_hub_reference_parsing():

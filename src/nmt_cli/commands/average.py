@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
     @app.command("average", help=_HELP, epilog=_EPILOG)
     def average(
         inputs: list[str] = typer.Argument(..., metavar="CKPT... | RUN_DIR",
-                                           help="Checkpoint files (or hf:ORG/NAME[@REVISION] hub references), or "
+                                           help="Checkpoint files (or hf:ORG/NAME\\[@REVISION] hub references), or "
                                                 "one run directory with --last N."),
         output: Path = typer.Option(..., "-o", "--output", help="The averaged checkpoint to write."),
         last: int = typer.Option(None, "--last", min=1,

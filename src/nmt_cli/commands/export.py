@@ -10,7 +10,7 @@ import typer
 from nmt_cli.commands.messages import note_line
 
 _HELP = (
-    "Export a checkpoint (a file or hf:ORG/NAME[@REVISION]) to the engines models are deployed with: CTranslate2 "
+    "Export a checkpoint (a file or hf:ORG/NAME\\[@REVISION]) to the engines models are deployed with: CTranslate2 "
     "(fast CPU/GPU inference, int8) or Hugging Face transformers (MarianMTModel). Needs the export extra: "
     "pip install 'nmt-cli\\[export]'."
 )
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
 
     @export_app.command("ctranslate2", help=_CT2_HELP, epilog=_CT2_EPILOG)
     def ctranslate2(
-        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME[@REVISION]."),
+        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME\\[@REVISION]."),
         output: Path = typer.Option(..., "-o", "--output", help="The model directory to write."),
         quantization: Quantization = typer.Option(
             None, "--quantization", "-q", help="Weight type on disk (default: float32 as trained)."),
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
 
     @export_app.command("huggingface", help=_HF_HELP, epilog=_HF_EPILOG)
     def huggingface(
-        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME[@REVISION]."),
+        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME\\[@REVISION]."),
         output: Path = typer.Option(..., "-o", "--output", help="The model folder to write."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
         license_id: str = LICENSE,

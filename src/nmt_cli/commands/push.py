@@ -35,7 +35,7 @@ _EPILOG = (
 def register(app: typer.Typer) -> None:
     @app.command("push", help=_HELP, epilog=_EPILOG)
     def push(
-        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file (or hf:ORG/NAME[@REVISION])."),
+        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file (or hf:ORG/NAME\\[@REVISION])."),
         repo_id: str = typer.Argument(..., metavar="ORG/NAME", help="The hub model repository."),
         private: bool = typer.Option(False, "--private", help="Create the repository private."),
         huggingface: bool = typer.Option(False, "--huggingface", help="Add the Hugging Face export (at the root)."),

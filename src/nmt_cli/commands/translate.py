@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         ),
         models: list[str] = typer.Option(
             ..., "-m", "--model", metavar="CHECKPOINT",
-            help="Checkpoint file, or hf:ORG/NAME[@REVISION] (a hub model repository's checkpoint.pt, through the "
+            help="Checkpoint file, or hf:ORG/NAME\\[@REVISION] (a hub model repository's checkpoint.pt, through the "
                  "hub cache); repeat to ensemble. A run directory with --average-last.",
         ),
         input_opt: Path = typer.Option(
