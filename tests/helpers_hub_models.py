@@ -47,6 +47,7 @@ class FakeHub:
         self.repos: dict[str, dict] = {}
         self.requests: list[str] = []
         self.auth: list[str | None] = []
+        self.fail: int | None = None  # an HTTP status to answer every request with (e.g. 401)
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -87,6 +88,9 @@ class FakeHub:
         self.auth.append(h.headers.get("Authorization"))
         body = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
         parts = path.strip("/").split("/")
+        if self.fail:
+            return self._reply(h, self.fail, b'{"error": "refused by the test"}', {"Content-Type": "application/json"},
+                               method)
         if method == "POST" and path == "/api/repos/create":
             data = json.loads(body)
             repo = f"{data['organization']}/{data['name']}"

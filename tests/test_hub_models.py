@@ -166,3 +166,7 @@ def test_push_then_pull_through_the_real_client(tmp_path, toy_tokenizer_bytes):
         r = run_nmt("translate", "-m", "hf:my-org/pushed", "--max-len-b", "5", env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout == local_translation(path) and f"commit {oid} from the hub" in r.stderr
+        hub.fail = 401
+        r = run_nmt("push", str(path), "my-org/pushed", env=env)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == 1 and len(lines) == 1 and "pushing to my-org/pushed failed" in lines[0], r.stderr

@@ -14,6 +14,7 @@ repository and uploads that folder in one commit with `HfApi`.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -32,6 +33,7 @@ REACH_TIMEOUT_S = 5.0
 Note = Callable[[str], None]
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_DISK_ERRORS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM}
 
 
 def is_hub_ref(text: str | os.PathLike) -> bool:
@@ -132,15 +134,26 @@ def pull(ref: HubRef, note: Note | None = None) -> Pulled:
     except EntryNotFoundError as exc:
         raise DownloadError(f"{ref}: {ref.repo} has no file {ref.filename} at {ref.revision or 'main'}; name the "
                             f"checkpoint file: hf:{ref.repo}/FILE.pt") from exc
-    except OSError as exc:  # disk full, unwritable cache
-        raise DownloadError(f"{ref}: cannot write the hub cache {cache_dir()}: {exc.strerror or exc}; free space "
-                            "or set HF_HUB_CACHE to a writable directory") from exc
+    except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
+            raise DownloadError(f"{ref}: cannot write the hub cache {cache_dir()}: {exc.strerror or exc}; free "
+                                "space or set HF_HUB_CACHE to a writable directory") from exc
+        if _is_connection_error(exc):  # the connection broke after the hub answered
+            raise DownloadError(f"{ref}: the download from {constants.ENDPOINT} failed ({exc}); run the same "
+                                "command again (a partial download resumes)") from exc
+        raise
     commit = path.parents[len(Path(ref.filename).parts) - 1].name  # .../snapshots/<commit>/<filename>
     pulled = Pulled(ref, path, commit, offline)
     if note is not None:
         where = f"the cache ({why})" if offline else "the hub"
         note(f"{ref} -> commit {commit} from {where}; pin it with -m {pulled.pinned()}")
     return pulled
+
+
+def _is_connection_error(exc: Exception) -> bool:
+    """requests raises OSErrors, httpx (huggingface_hub >= 1) its own ConnectError, ReadTimeout, NetworkError..."""
+    name = type(exc).__name__.lower()
+    return isinstance(exc, OSError) or any(word in name for word in ("connect", "timeout", "network", "protocol"))
 
 
 def resolve(model: str | os.PathLike, note: Note | None = None) -> Path:
@@ -291,8 +304,7 @@ def upload(folder: Path, repo_id: str, private: bool = False, message: str | Non
             status, "check the repository name and your access")
         raise DownloadError(f"pushing to {repo_id} failed ({str(exc).splitlines()[0][:160]}); {hint}") from exc
     except Exception as exc:
-        name = type(exc).__name__.lower()  # requests raises OSErrors, httpx its own ConnectError/...Timeout
-        if isinstance(exc, OSError) or "connect" in name or "timeout" in name or "network" in name:
+        if _is_connection_error(exc):
             raise DownloadError(f"pushing to {repo_id} failed: the hub cannot be reached ({exc}); check the "
                                 "network (HTTPS_PROXY) and push again") from exc
         raise

@@ -39,10 +39,15 @@ def atomic_folder(target: str | os.PathLike, replace: bool = False) -> Iterator[
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; an export is an ordinary folder
         old = None
-        if target.exists():
+        if target.exists():  # (replace=True) move the previous export aside; put it back if the rename fails
             old = target.with_name(f".{target.name}.{os.getpid()}.old")
             os.replace(target, old)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if old is not None:
+                os.replace(old, target)
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as exc:
