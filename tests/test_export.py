@@ -33,6 +33,16 @@ from nmt_cli.export import huggingface as hf_export  # noqa: E402
 LINES = [p[0] for p in toy_pairs(60, seed=11)]
 
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """In-process translation with one torch thread: the models are tiny, and two threads on a busy 2-core machine
+    spin against each other (several times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 def run_nmt(*args, input=None, env=None, cwd=None):
     return subprocess.run([sys.executable, "-m", "nmt_cli.cli", *args], capture_output=True, text=True,
                           input=input, timeout=300, env=env, cwd=cwd)
@@ -153,8 +163,7 @@ def test_huggingface_generate_equals_nmt(tmp_path, trained):
     """Greedy: identical outputs; beam 4 with HF's length penalty (nmt --lenpen-form fairseq): identical here."""
     from transformers import MarianMTModel, MarianTokenizer
 
-    r = run_nmt("export", "huggingface", str(trained), "-o", str(tmp_path / "hf"))
-    assert r.returncode == 0, r.stderr
+    hf_export.export(checkpoint.load(trained), tmp_path / "hf")
     tokenizer = MarianTokenizer.from_pretrained(str(tmp_path / "hf"))
     model = MarianMTModel.from_pretrained(str(tmp_path / "hf")).eval()
     batch = tokenizer(LINES, return_tensors="pt", padding=True)
@@ -182,10 +191,10 @@ def test_model_card_has_data_scores_config_and_licence(tmp_path, trained):
     scores = {"references": ["data/test.de"], "signatures": {"bleu": "nrefs:1|case:mixed|eff:no|tok:13a"},
               "systems": [{"name": "hyp", "scores": {"bleu": {"score": 36.21, "detail": ""}}}]}
     (tmp_path / "s.json").write_text(json.dumps(scores))
-    r = run_nmt("export", "huggingface", str(trained), "-o", str(tmp_path / "hf"), "--license", "cc-by-4.0",
+    r = run_nmt("export", "ctranslate2", str(trained), "-o", str(tmp_path / "ct2"), "--license", "cc-by-4.0",
                 "--training-data", "toy pairs (600)", "--scores", str(tmp_path / "s.json"))
     assert r.returncode == 0, r.stderr
-    card = (tmp_path / "hf" / "README.md").read_text()
+    card = (tmp_path / "ct2" / "README.md").read_text()
     front = card.split("---")[1]
     assert "license: cc-by-4.0" in front and "- en" in front and "- de" in front and "pipeline_tag: translation" in front
     assert "toy pairs (600)" in card and "BLEU **36.2**" in card and "nrefs:1|case:mixed|eff:no|tok:13a" in card
