@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 DEMO_STEPS ?= 1200
 
-.PHONY: install test test-all demo lint bench clean
+.PHONY: install test test-all test-transformers4 demo lint bench clean
 
 install: $(VENV)/.installed
 
@@ -39,6 +39,14 @@ test: install $(VENV)/.export
 test-all: install $(VENV)/.export
 	$(BIN)/python -m pytest -m ""
 
+# The Hugging Face export against the lowest transformers the export extra admits (4.57.6, with the
+# huggingface-hub < 1 and tokenizers it needs), installed into .tf4/, which PYTHONPATH puts first. Not part of CI.
+TF4 ?= transformers==4.57.6 tokenizers==0.22.1 huggingface-hub==0.36.0
+test-transformers4: install $(VENV)/.export
+	rm -rf .tf4
+	$(BIN)/pip install -q --no-deps --target .tf4 $(TF4) requests urllib3 certifi charset-normalizer
+	PYTHONPATH=.tf4 $(BIN)/python -m pytest tests/test_export.py tests/test_api.py
+
 lint: install
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/ruff check src tests bench
@@ -52,4 +60,4 @@ bench: install
 	$(BIN)/python bench/translate.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .tf4

@@ -176,6 +176,20 @@ def test_huggingface_generate_equals_nmt(tmp_path, trained):
         assert same == len(LINES), f"beam {beam}: {same}/{len(LINES)} identical"
 
 
+def test_translation_pipeline_on_transformers_4(tmp_path, trained):
+    """The `translation` pipeline on raw text (transformers 4.x; `make test-transformers4` runs this)."""
+    from transformers.pipelines import SUPPORTED_TASKS
+
+    if "translation" not in SUPPORTED_TASKS:
+        pytest.skip(f"transformers {transformers.__version__} has no translation pipeline (removed in 5.0)")
+    from transformers import pipeline
+
+    hf_export.export(checkpoint.load(trained), tmp_path / "hf")
+    translate = pipeline("translation", model=str(tmp_path / "hf"), device="cpu")
+    theirs = [r["translation_text"] for r in translate(LINES[:10], num_beams=1, max_new_tokens=40)]
+    assert theirs == Translator.load(trained, device="cpu", beam=1).translate_best(LINES[:10])
+
+
 def test_huggingface_refuses_pre_ln_with_one_line_and_writes_nothing(tmp_path, toy_tokenizer_bytes):
     path = make_checkpoint(tmp_path / "pre.pt", toy_tokenizer_bytes, norm_first=True)
     r = run_nmt("export", "huggingface", str(path), "-o", str(tmp_path / "out"))

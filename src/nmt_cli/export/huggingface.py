@@ -73,7 +73,8 @@ def marian_config(ckpt: Checkpoint):
         max_position_embeddings=c.max_positions, scale_embedding=True,
         dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=c.activation_dropout,
         pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=EOS_ID, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+        forced_eos_token_id=None,  # generation settings live in generation_config() (transformers 4.x warns)
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
     )
 
 
