@@ -112,6 +112,8 @@ def pull(ref: HubRef, note: Note | None = None) -> Pulled:
     if ref.revision and _COMMIT.match(ref.revision):  # a commit never changes: a cached file is final
         cached = hf.try_to_load_from_cache(ref.repo, ref.filename, revision=ref.revision)
         if isinstance(cached, str):
+            if note is not None:
+                note(f"{ref} -> the cached commit (no network needed)")
             return Pulled(ref, Path(cached), ref.revision, offline=True)
     offline = bool(constants.HF_HUB_OFFLINE) or not hub_reachable()
     why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
