@@ -48,21 +48,22 @@ class TranslateConfig:
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
 
-    # The CLI's option names -> SearchConfig fields (the other options are TranslateConfig fields of the same name).
-    SEARCH_OPTIONS = {"beam": "beam", "lenpen": "alpha", "lenpen_form": "lp", "max_len_a": "max_len_a",
-                      "max_len_b": "max_len_b", "stop": "stop"}
+    # `nmt translate`'s option names that differ from their SearchConfig field; every other option is named as its
+    # SearchConfig or TranslateConfig field (so an option added to either is accepted here as it is).
+    RENAMED = {"lenpen": "alpha", "lenpen_form": "lp"}
 
     @classmethod
     def from_options(cls, **options) -> TranslateConfig:
         """A config from `nmt translate`'s option names (beam, lenpen, lenpen_form, stop, max_len_a, max_len_b,
-        nbest, scores, buffer_size, max_tokens, max_sentences); options not given keep their defaults."""
+        nbest, scores, buffer_size, max_tokens, max_sentences, ...); options not given keep their defaults."""
+        search_fields = {f.name for f in dataclasses.fields(SearchConfig)} - {"nbest"}  # nbest: TranslateConfig's
         fields = {f.name for f in dataclasses.fields(cls)} - {"search"}
-        unknown = set(options) - set(cls.SEARCH_OPTIONS) - fields
+        search = {cls.RENAMED.get(k, k): v for k, v in options.items() if cls.RENAMED.get(k, k) in search_fields}
+        unknown = set(options) - set(cls.RENAMED) - search_fields - fields
         if unknown:
-            raise ConfigError(f"unknown translation option(s) {sorted(unknown)}; known: "
-                              f"{sorted(set(cls.SEARCH_OPTIONS) | fields)}")
-        search = SearchConfig(**{cls.SEARCH_OPTIONS[k]: v for k, v in options.items() if k in cls.SEARCH_OPTIONS})
-        return cls(search=search, **{k: v for k, v in options.items() if k in fields}).validate()
+            known = sorted((search_fields - set(cls.RENAMED.values())) | set(cls.RENAMED) | fields)
+            raise ConfigError(f"unknown translation option(s) {sorted(unknown)}; known: {known}")
+        return cls(search=SearchConfig(**search), **{k: v for k, v in options.items() if k in fields}).validate()
 
     def validate(self) -> TranslateConfig:
         for name in ("buffer_size", "max_tokens", "max_sentences"):
