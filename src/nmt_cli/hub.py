@@ -225,7 +225,7 @@ def stage(ckpt: ckpt_io.Checkpoint, folder: Path, repo_id: str, card=None, ctran
     card = card or CardInfo()
     if huggingface:
         hf_export.check_convertible(ckpt)  # refuse before any work
-    with atomic_folder(folder, replace=True) as tmp:
+    with atomic_folder(folder, force_option=None) as tmp:
         if huggingface:
             hf_export.export(ckpt, tmp / "hf", card, source)
             for item in (tmp / "hf").iterdir():

@@ -16,20 +16,22 @@ from pathlib import Path
 from nmt_cli.errors import ConfigError
 
 
-def check_target(target: Path, replace: bool = False) -> None:
-    """Refuse a target that is a file, or a non-empty directory unless `replace`."""
+def check_target(target: Path, replace: bool = False, force_option: str | None = "--force") -> None:
+    """Refuse a target that is a file, or a non-empty directory unless `replace` (`force_option` is the option that
+    asks for it, named in the message)."""
     if target.exists() and not target.is_dir():
-        raise ConfigError(f"{target} is a file; pass a directory path to -o")
+        raise ConfigError(f"{target} is a file; give the path of a directory")
     if target.is_dir() and any(target.iterdir()) and not replace:
-        raise ConfigError(f"{target} already exists and is not empty; choose another -o or pass --force to "
-                          "replace it")
+        how = f" or pass {force_option} to replace it" if force_option else " or remove it first"
+        raise ConfigError(f"{target} already exists and is not empty; choose another directory{how}")
 
 
 @contextmanager
-def atomic_folder(target: str | os.PathLike, replace: bool = False) -> Iterator[Path]:
+def atomic_folder(target: str | os.PathLike, replace: bool = False,
+                  force_option: str | None = "--force") -> Iterator[Path]:
     """Yield an empty temporary directory; when the block ends without error it becomes `target`."""
     target = Path(target)
-    check_target(target, replace)
+    check_target(target, replace, force_option)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
