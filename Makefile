@@ -1,12 +1,12 @@
 # nmt: `make demo` installs and runs the whole pipeline on the embedded sample corpus;
-# `make test` installs and runs the unit tests.
+# `make test` installs (with the export extra: CTranslate2 and transformers, CPU builds) and runs the unit tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 DEMO_STEPS ?= 1200
 
-.PHONY: install test test-all test-lowest demo lint bench clean
+.PHONY: install test test-all test-lowest test-transformers4 demo lint bench clean
 
 install: $(VENV)/.installed
 
@@ -27,10 +27,16 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	@touch $@
 
-test: install
+# The export extra (ctranslate2, transformers) for the tests of `nmt export`; prepare/train/translate never need it.
+# Neither package depends on torch, so the CPU torch installed above stays.
+$(VENV)/.export: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test,export]'
+	@touch $@
+
+test: install $(VENV)/.export
 	$(BIN)/python -m pytest
 
-test-all: install
+test-all: install $(VENV)/.export
 	$(BIN)/python -m pytest -m ""
 
 # The hub path against the lowest huggingface-hub and pyarrow that pyproject.toml admits (CI runs it after
@@ -41,6 +47,14 @@ test-lowest: install
 	rm -rf .lowest
 	$(BIN)/pip install -q --no-deps --target .lowest $(LOWEST) requests urllib3 certifi charset-normalizer
 	NMT_EXPECT_VERSIONS="$(LOWEST)" PYTHONPATH=.lowest $(BIN)/python -m pytest tests/test_hub.py
+
+# The Hugging Face export against the lowest transformers the export extra admits (4.57.6, with the
+# huggingface-hub < 1 and tokenizers it needs), installed into .tf4/, which PYTHONPATH puts first. Not part of CI.
+TF4 ?= transformers==4.57.6 tokenizers==0.22.1 huggingface-hub==0.36.0
+test-transformers4: install $(VENV)/.export
+	rm -rf .tf4
+	$(BIN)/pip install -q --no-deps --target .tf4 $(TF4) requests urllib3 certifi charset-normalizer
+	PYTHONPATH=.tf4 $(BIN)/python -m pytest tests/test_export.py tests/test_api.py
 
 lint: install
 	$(BIN)/pip install -q -e '.[dev]'
@@ -55,4 +69,4 @@ bench: install
 	$(BIN)/python bench/translate.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .lowest
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .lowest .tf4

@@ -3,7 +3,7 @@
 Usage: python bench/ct2_same_run.py CHECKPOINT SRC_FILE [CT2_SITE_PACKAGES]
 e.g.   python bench/ct2_same_run.py runs/multi30k/run/averaged.pt runs/multi30k/data/raw/test.en \
            /tmp/ct2venv/lib/python3.11/site-packages
-The conversion is bench/translate.py's convert_to_ct2 (CTranslate2 spec API, post-LN). Two rounds, alternated.
+The conversion is `nmt export ctranslate2` (through bench/translate.py's cached convert_to_ct2). Two rounds, alternated.
 """
 
 import sys
@@ -29,7 +29,7 @@ def main() -> None:
     sp = checkpoint.load(ck).tokenizer_obj().sp
     model_dir = convert_to_ct2(Path(ck), Path("runs/bench_translate/ct2_same_run"))
     lines = Path(src_file).read_text(encoding="utf-8").splitlines()
-    src = [sp.encode(line, out_type=str) + ["</s>"] for line in lines]
+    src = [sp.encode(line, out_type=str) for line in lines]  # the model appends </s> (add_source_eos)
     kwargs = dict(beam_size=4, length_penalty=0.6, max_decoding_length=256, max_batch_size=2000, batch_type="tokens")
     speed, outputs = {}, {}
     for rnd in range(2):

@@ -7,21 +7,14 @@ to a `transformers` MarianMTModel in memory).
 prints one JSON line last: {"seconds", "sentences", "tgt_tokens", "peak_mb"} (seconds: the timed translation only,
 after a short warm-up; tgt_tokens: generated tokens including EOS; peak_mb: ru_maxrss / 1024).
 
-Install (`transformers` must stay OUT of the project venv; no second torch: transformers does not depend on it,
-and the venv already has huggingface-hub, numpy, packaging, pyyaml, regex, tqdm, typer):
+Install: `pip install -e '.[export]'` (the project's export extra; `make install` does it), or into a separate
+directory (`.venv/bin/pip install --no-deps --target /tmp/hfsite transformers tokenizers safetensors`) passed
+with `--hf-site` (APPENDED to sys.path, so the venv's torch wins). Written against transformers 5.23.0.
 
-    .venv/bin/pip install --no-deps --target /tmp/hfsite transformers tokenizers safetensors
-
-then pass `--hf-site /tmp/hfsite` (the default); it is APPENDED to sys.path, so the venv's torch wins.
-Written against transformers 5.23.0.
-
-Conversion: Marian is the same architecture as nmt's default model (post-LN encoder-decoder, ReLU, embeddings
-scaled by sqrt(d_model), one matrix shared by source, target and output projection, sinusoidal positions, no
-layernorm_embedding). nmt's fused projections are split (self-attention qkv_proj [3D, D] -> q/k/v, cross-attention
-kv_proj [2D, D] -> k/v); final_logits_bias is zero. Positions differ: nmt interleaves sin (even dims) and cos (odd
-dims), Marian puts [sin half | cos half], so Marian's frozen positional tables are overwritten with nmt's after the
-model is built (nothing re-initialises them afterwards; `save_pretrained` would drop them, so the model is never
-saved, only rebuilt, which takes a second). Pre-LN (norm_first) and unshared-embedding checkpoints are refused.
+Conversion: `nmt export huggingface`'s (nmt_cli.export.huggingface.to_marian), in memory: the same architecture,
+nmt's fused projections split, the d_model coordinates permuted so that Marian's own [sin half | cos half]
+positional table is nmt's interleaved one (see that module). Pre-LN (norm_first) and unshared-embedding checkpoints
+are refused.
 
 Search settings, chosen to mirror nmt's search: start token BOS (2), EOS 3, PAD 0; PAD and BOS are never generated
 (suppress_tokens); EOS is forced at the maximum length (forced_eos_token_id); a sentence ends when it holds `beam`
@@ -51,7 +44,6 @@ import json
 import resource
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,7 +52,7 @@ from translate import read_lines  # bench/translate.py, beside this script
 
 from nmt_cli import checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
-from nmt_cli.model import Transformer, sinusoidal_positions
+from nmt_cli.model import Transformer
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, LogitsProcessorList, MarianMTModel
@@ -68,7 +60,7 @@ if TYPE_CHECKING:
     from nmt_cli.checkpoint import Checkpoint
     from nmt_cli.data.tokenizer import Tokenizer
 
-DEFAULT_HF_SITE = "/tmp/hfsite"
+DEFAULT_HF_SITE = None
 DEFAULT_BATCH = 48  # sentences per generate() call: 32-64 is a plateau on 2 CPU threads (small model), 8-16 slower
 LOGIT_TOLERANCE = 1e-3
 
@@ -77,87 +69,15 @@ LOGIT_TOLERANCE = 1e-3
 
 
 def to_marian(ck: Checkpoint) -> MarianMTModel:
-    """The checkpoint's Transformer as an equivalent MarianMTModel (fp32, eval mode)."""
-    from transformers import MarianConfig, MarianMTModel
+    """The checkpoint's Transformer as an equivalent MarianMTModel (fp32, eval mode): `nmt export huggingface`'s
+    conversion (nmt_cli.export.huggingface), in memory."""
+    from nmt_cli.errors import NmtError
+    from nmt_cli.export.huggingface import to_marian as convert
 
-    c = ck.model_config
-    if c.norm_first:
-        sys.exit("hf_marian: pre-LN (norm_first) checkpoints have no Marian equivalent (Marian is post-LN)")
-    if not c.share_embeddings:
-        sys.exit("hf_marian: only checkpoints with shared embeddings (one matrix) are supported")
-    config = MarianConfig(
-        vocab_size=c.vocab_size, decoder_vocab_size=c.vocab_size, d_model=c.d_model,
-        encoder_layers=c.encoder_layers, decoder_layers=c.decoder_layers,
-        encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
-        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu",
-        max_position_embeddings=c.max_positions, scale_embedding=True,
-        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-        pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=None, share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
-    )
-    hf = MarianMTModel(config).eval()  # built (and initialised) once; nothing re-initialises it afterwards
-    positions = sinusoidal_positions(c.max_positions, c.d_model)  # nmt's interleaved table replaces Marian's
-    hf.load_state_dict(marian_state_dict(ck.model_state, positions, hf.state_dict().keys()), strict=True)
-    for module in hf.modules():
-        if isinstance(module, torch.nn.LayerNorm):
-            module.eps = c.layer_norm_eps
-    shared = hf.model.shared.weight
-    assert hf.lm_head.weight.data_ptr() == shared.data_ptr(), "lm_head is not tied to the shared embeddings"
-    for side in (hf.model.encoder, hf.model.decoder):
-        assert torch.equal(side.embed_positions.weight, positions), "positional table was not replaced"
-    assert not hf.final_logits_bias.any()
-    return hf
-
-
-def marian_state_dict(nmt: dict[str, torch.Tensor], positions: torch.Tensor, keys: Iterable[str],
-                      ) -> dict[str, torch.Tensor]:
-    """nmt state dict -> MarianMTModel state dict with exactly `keys`; `positions` [P, D] for both sides."""
-    out: dict[str, torch.Tensor] = {}
-    used: set[str] = set()
-    d = positions.size(1)
-
-    def linear(dst: str, src: str, rows: slice = slice(None)) -> None:
-        for p in ("weight", "bias"):
-            out[f"{dst}.{p}"] = nmt[f"{src}.{p}"][rows]
-            used.add(f"{src}.{p}")
-
-    def norm(dst: str, src: str) -> None:
-        linear(dst, src)
-
-    q, k, v = slice(0, d), slice(d, 2 * d), slice(2 * d, 3 * d)
-    for side, prefix in (("encoder", "encoder_layers"), ("decoder", "decoder_layers")):
-        n_layers = len({key.split(".")[1] for key in nmt if key.startswith(prefix + ".")})
-        for i in range(n_layers):
-            theirs, mine = f"model.{side}.layers.{i}", f"{prefix}.{i}"
-            for name, rows in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
-                linear(f"{theirs}.self_attn.{name}", f"{mine}.self_attn.qkv_proj", rows)
-            linear(f"{theirs}.self_attn.out_proj", f"{mine}.self_attn.out_proj")
-            norm(f"{theirs}.self_attn_layer_norm", f"{mine}.sub1.norm")
-            if side == "decoder":
-                linear(f"{theirs}.encoder_attn.q_proj", f"{mine}.cross_attn.q_proj")
-                linear(f"{theirs}.encoder_attn.k_proj", f"{mine}.cross_attn.kv_proj", slice(0, d))
-                linear(f"{theirs}.encoder_attn.v_proj", f"{mine}.cross_attn.kv_proj", slice(d, 2 * d))
-                linear(f"{theirs}.encoder_attn.out_proj", f"{mine}.cross_attn.out_proj")
-                norm(f"{theirs}.encoder_attn_layer_norm", f"{mine}.sub2.norm")
-            linear(f"{theirs}.fc1", f"{mine}.ffn.fc1")
-            linear(f"{theirs}.fc2", f"{mine}.ffn.fc2")
-            norm(f"{theirs}.final_layer_norm", f"{mine}.sub3.norm" if side == "decoder" else f"{mine}.sub2.norm")
-    embed = nmt["embed.weight"]
-    used.add("embed.weight")
-    for key in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-                "lm_head.weight"):
-        out[key] = embed
-    keys = list(keys)
-    for key in keys:
-        if key.endswith("embed_positions.weight"):
-            out[key] = positions
-        elif key == "final_logits_bias":
-            out[key] = torch.zeros(1, embed.size(0))
-    missing, unused = set(keys) - set(out), set(nmt) - used
-    if missing or unused:
-        raise KeyError(f"conversion mismatch: Marian parameters without nmt weights {sorted(missing)[:5]}, "
-                       f"nmt weights not converted {sorted(unused)[:5]}")
-    return {key: out[key] for key in keys}
+    try:
+        return convert(ck)
+    except NmtError as exc:
+        sys.exit(f"hf_marian: {exc}")
 
 
 # ------------------------------------------------------------------------------------------------ translation
@@ -291,7 +211,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("checkpoint", type=Path, help="An nmt checkpoint (post-LN, shared embeddings).")
     p.add_argument("input", type=Path, help="Raw text, one sentence per line.")
     p.add_argument("output", type=Path, help="Translations, one line per input line.")
-    p.add_argument("--hf-site", default=DEFAULT_HF_SITE, help="Directory holding transformers (appended to sys.path).")
+    p.add_argument("--hf-site", default=DEFAULT_HF_SITE,
+                   help="Directory holding transformers (appended to sys.path) when the venv has no export extra.")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads.")
     p.add_argument("--beam", type=int, default=4, help="num_beams; 1 is greedy search.")
     p.add_argument("--lenpen", type=float, default=0.6, help="HF length_penalty (fairseq form: score / len^alpha).")

@@ -9,7 +9,8 @@
 
 Sections:
   small   d_model 256, 3+3 layers, 8k BPE vocabulary (Multi30k), on Multi30k test (1000 lines), beam 4:
-          nmt fp32 / bf16 (and fp32 with --stop top, CTranslate2's stopping rule) and CTranslate2 fp32 / int8 on
+          nmt fp32 / bf16 (and fp32 with --stop top, and with --lenpen-form fairseq: CTranslate2's length
+          penalty is score / len^alpha) and CTranslate2 fp32 / int8 (exported with `nmt export ctranslate2`) on
           the same weights, alternated in one run; agreement of the two engines' outputs (same weights, same
           search settings) checks the beam search itself. With
           --hf-site / --fairseq-python also Hugging Face generate (bench/hf_marian.py) and fairseq's
@@ -80,77 +81,22 @@ def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **co
 
 
 def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
-    """An nmt checkpoint as a CTranslate2 model through its Python spec API (post-LN, shared embeddings).
+    """An nmt checkpoint as a CTranslate2 model: `nmt export ctranslate2` (nmt_cli.export.ctranslate2), float32.
 
     The conversion is cached in `out_dir` together with the checkpoint it came from (path, size, mtime): a cached
     model of another checkpoint is converted again, never reused (a stale random-weight model reused for a trained
-    checkpoint never emits EOS and decodes to the maximum length on every line).
+    checkpoint never emits EOS and decodes to the maximum length on every line). The model adds the source EOS
+    itself (`add_source_eos`): callers pass plain sentencepiece pieces.
     """
     stat = ckpt_path.resolve().stat()
     source = json.dumps({"checkpoint": str(ckpt_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns})
     if (out_dir / "model.bin").exists() and (out_dir / "nmt_source.json").exists() \
             and (out_dir / "nmt_source.json").read_text() == source:
         return out_dir
-    import torch
-    from ctranslate2.specs import transformer_spec
-
     from nmt_cli import checkpoint
+    from nmt_cli.export import ctranslate2 as ct2_export
 
-    ck = checkpoint.load(ckpt_path)
-    c = ck.model_config
-    model = ck.build_model("cpu")
-    spec = transformer_spec.TransformerSpec.from_config((c.encoder_layers, c.decoder_layers), c.n_heads,
-                                                        pre_norm=c.norm_first)
-
-    def linear(spec_, weight, bias=None):
-        spec_.weight = weight.detach().float().numpy()
-        if bias is not None:
-            spec_.bias = bias.detach().float().numpy()
-
-    def norm(spec_, module):
-        spec_.gamma, spec_.beta = module.weight.detach().numpy(), module.bias.detach().numpy()
-
-    def attention(spec_, module, fused_qkv: bool):
-        if fused_qkv:
-            linear(spec_.linear[0], module.qkv_proj.weight, module.qkv_proj.bias)
-        else:
-            linear(spec_.linear[0], module.q_proj.weight, module.q_proj.bias)
-            linear(spec_.linear[1], module.kv_proj.weight, module.kv_proj.bias)
-        linear(spec_.linear[-1], module.out_proj.weight, module.out_proj.bias)
-
-    def ffn(spec_, layer, layer_norm):
-        linear(spec_.linear_0, layer.ffn.fc1.weight, layer.ffn.fc1.bias)
-        linear(spec_.linear_1, layer.ffn.fc2.weight, layer.ffn.fc2.bias)
-        norm(spec_.layer_norm, layer_norm)
-
-    with torch.no_grad():
-        for side in (spec.encoder, spec.decoder):
-            emb = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
-            emb.weight = model.embed.weight.detach().numpy()
-            side.scale_embeddings = True
-            side.position_encodings.encodings = model.positions.numpy()
-        linear(spec.decoder.projection, model.embed.weight)
-        for ls, layer in zip(spec.encoder.layer, model.encoder_layers, strict=True):
-            attention(ls.self_attention, layer.self_attn, True)
-            norm(ls.self_attention.layer_norm, layer.sub1.norm)
-            ffn(ls.ffn, layer, layer.sub2.norm)
-        for ls, layer in zip(spec.decoder.layer, model.decoder_layers, strict=True):
-            attention(ls.self_attention, layer.self_attn, True)
-            norm(ls.self_attention.layer_norm, layer.sub1.norm)
-            attention(ls.attention, layer.cross_attn, False)
-            norm(ls.attention.layer_norm, layer.sub2.norm)
-            ffn(ls.ffn, layer, layer.sub3.norm)
-    sp = ck.tokenizer_obj().sp
-    vocab = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-    vocab[0] = "<blank>"  # CTranslate2's padding token
-    spec.register_source_vocabulary(vocab)
-    spec.register_target_vocabulary(vocab)
-    spec.config.decoder_start_token = "<s>"
-    spec.config.add_source_eos = False  # sources are passed with </s>, as nmt encodes them
-    out_dir.mkdir(parents=True, exist_ok=True)
-    spec.validate()
-    spec.optimize(quantization=None)
-    spec.save(str(out_dir))
+    ct2_export.export(checkpoint.load(ckpt_path), out_dir, replace=True)
     (out_dir / "nmt_source.json").write_text(source)
     return out_dir
 
@@ -166,8 +112,9 @@ def job_nmt(a: dict) -> dict:
 
     torch.set_num_threads(a["threads"])
     lines = read_lines(Path(a["input"]), a.get("n"))
-    precision, _, stop = a["precision"].partition("-")  # "fp32-top": fp32 with --stop top
-    search = SearchConfig(beam=a["beam"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"], stop=stop or "beam")
+    precision, *flags = a["precision"].split("-")  # "fp32-top": --stop top; "fp32-fairseq": --lenpen-form fairseq
+    search = SearchConfig(beam=a["beam"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
+                          stop="top" if "top" in flags else "beam", lp="fairseq" if "fairseq" in flags else "gnmt")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines))
     device = a.get("device", "cpu")
     tr = Translator(load_checkpoints([a["checkpoint"]]), device, precision, config)
@@ -218,7 +165,7 @@ def job_ct2(a: dict) -> dict:
     sp = checkpoint.load(a["checkpoint"]).tokenizer_obj().sp
     model_dir = convert_to_ct2(Path(a["checkpoint"]), Path(a["ct2_dir"]))
     lines = read_lines(Path(a["input"]), a.get("n"))
-    src = [sp.encode(line, out_type=str) + ["</s>"] if line.strip() else ["</s>"] for line in lines]
+    src = [sp.encode(line, out_type=str) for line in lines]  # the model appends </s> (add_source_eos)
     device = a.get("device", "cpu")
     tr = ctranslate2.Translator(str(model_dir), device=device, compute_type=a["compute_type"],
                                 intra_threads=a["threads"] if device == "cpu" else 1, inter_threads=1)
@@ -364,7 +311,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
                             ct2_dir=str(WORK / f"ct2_{name}"), max_decoding_length=ct2_len, **common)
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
-        label = {"nmt": f"nmt {prec.replace('-top', ' --stop top')}", "ct2": f"CTranslate2 {prec}",
+        label = {"nmt": f"nmt {prec.replace('-top', ' --stop top').replace('-fairseq', ' --lenpen-form fairseq')}",
+                 "ct2": f"CTranslate2 {prec}",
                  "hf": "Hugging Face generate fp32",
                  "fairseq": "fairseq SequenceGenerator fp32"}[engine]
         print(row(label, best(runs)))
@@ -374,6 +322,7 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
                 **common, **lengths)
     have = {c for c, runs in results.items() if any("error" not in r for r in runs)}
     pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32-top"), ("ct2", "float32")),
+             (("nmt", "fp32-fairseq"), ("ct2", "float32")),
              (("nmt", "fp16"), ("ct2", "float16")), (("nmt", "fp16-top"), ("ct2", "float16")),
              (("nmt", "fp32"), ("nmt", "fp16")),
              (("nmt", "fp32"), ("nmt", "fp32-top")), (("nmt", "fp32"), ("nmt", "bf16")),
@@ -409,8 +358,9 @@ def main() -> None:
                    help="Python of an environment with fairseq: adds the fairseq anchor (bench/fairseq_gen.py).")
     p.add_argument("--anchor-sections", default="small",
                    help="Sections that also run the Hugging Face / fairseq anchors (they are slow on base).")
-    p.add_argument("--nmt", default="fp32,fp32-top,bf16",
-                   help="nmt configurations: precisions, '-top' adds --stop top (CTranslate2's stopping rule; "
+    p.add_argument("--nmt", default="fp32,fp32-top,fp32-fairseq,bf16",
+                   help="nmt configurations: precisions, '-fairseq' adds --lenpen-form fairseq (CTranslate2's and "
+                        "Hugging Face's length penalty form), '-top' adds --stop top (CTranslate2's stopping rule; "
                         "fairseq and Hugging Face stop as nmt's default).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),

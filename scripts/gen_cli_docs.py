@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
-COMMANDS = ["prepare", "train", "average", "translate", "score"]
+COMMANDS = ["prepare", "train", "average", "translate", "score", "export", "export ctranslate2", "export huggingface",
+            "push"]
 
 
 def help_text(*args: str) -> str:
@@ -35,7 +36,7 @@ def render() -> str:
              "is out of date.", "", f"<!-- formatted by {versions()} -->", "", "## nmt", "", "```", help_text(),
              "```", ""]
     for name in COMMANDS:
-        parts += [f"## nmt {name}", "", "```", help_text(name), "```", ""]
+        parts += [f"## nmt {name}", "", "```", help_text(*name.split()), "```", ""]
     return "\n".join(parts)
 
 

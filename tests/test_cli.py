@@ -18,10 +18,10 @@ def run_nmt(*args, input=None):
 def test_help_lists_every_subcommand():
     r = run_nmt("--help")
     assert r.returncode == 0
-    for cmd in ("prepare", "train", "average", "translate", "score"):
+    for cmd in ("prepare", "train", "average", "translate", "score", "export", "push"):
         assert cmd in r.stdout
-    for cmd in ("prepare", "train", "average", "translate", "score"):
-        sub = run_nmt(cmd, "--help")
+    for cmd in ("prepare", "train", "average", "translate", "score", "push", "export ctranslate2", "export huggingface"):
+        sub = run_nmt(*cmd.split(), "--help")
         assert sub.returncode == 0, sub.stderr
         assert "Usage" in sub.stdout
 

@@ -10,7 +10,7 @@ import sys
 import typer
 
 from nmt_cli import __version__
-from nmt_cli.commands import average, prepare, score, train, translate
+from nmt_cli.commands import average, export, prepare, push, score, train, translate
 from nmt_cli.errors import NmtError
 
 app = typer.Typer(
@@ -20,7 +20,8 @@ app = typer.Typer(
         "  nmt prepare wmt14-en-de -o data/ende      # download, clean, joint BPE, binarize\n\n"
         "  nmt train data/ende -o runs/base --preset base\n\n"
         "  cat in.en | nmt translate -m runs/base/checkpoint_best.pt > out.de\n\n"
-        "  nmt score -r ref.de < out.de"
+        "  nmt score -r ref.de < out.de\n\n"
+        "  nmt export ctranslate2 runs/base/checkpoint_best.pt -o ende-ct2   # or huggingface; nmt push to the hub"
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -47,7 +48,7 @@ def _root(
     _state["debug"] = debug
 
 
-for _module in (prepare, train, average, translate, score):
+for _module in (prepare, train, average, translate, score, export, push):
     _module.register(app)
 
 

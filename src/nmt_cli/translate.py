@@ -22,6 +22,7 @@ from typing import BinaryIO, NamedTuple
 import torch
 
 from nmt_cli import checkpoint as ckpt_io
+from nmt_cli import hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError
@@ -51,6 +52,23 @@ class TranslateConfig:
     alignment_layer: int = -1  # decoder layer whose encoder-decoder attention gives the links
     replace_unk: bool = False  # replace unknown target tokens by the aligned source word
 
+    # `nmt translate`'s option names that differ from their SearchConfig field; every other option is named as its
+    # SearchConfig or TranslateConfig field (so an option added to either is accepted here as it is).
+    RENAMED = {"lenpen": "alpha", "lenpen_form": "lp"}
+
+    @classmethod
+    def from_options(cls, **options) -> TranslateConfig:
+        """A config from `nmt translate`'s option names (beam, lenpen, lenpen_form, stop, max_len_a, max_len_b,
+        nbest, scores, buffer_size, max_tokens, max_sentences, ...); options not given keep their defaults."""
+        search_fields = {f.name for f in dataclasses.fields(SearchConfig)} - {"nbest"}  # nbest: TranslateConfig's
+        fields = {f.name for f in dataclasses.fields(cls)} - {"search"}
+        search = {cls.RENAMED.get(k, k): v for k, v in options.items() if cls.RENAMED.get(k, k) in search_fields}
+        unknown = set(options) - set(cls.RENAMED) - search_fields - fields
+        if unknown:
+            known = sorted((search_fields - set(cls.RENAMED.values())) | set(cls.RENAMED) | fields)
+            raise ConfigError(f"unknown translation option(s) {sorted(unknown)}; known: {known}")
+        return cls(search=SearchConfig(**search), **{k: v for k, v in options.items() if k in fields}).validate()
+
     def validate(self) -> TranslateConfig:
         for name in ("buffer_size", "max_tokens", "max_sentences"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -66,8 +84,9 @@ class TranslateConfig:
         return self.token_scores or self.alignment is not None or self.replace_unk
 
 
-class Output(NamedTuple):
-    """One output hypothesis: score, detokenized text, and the extra columns when asked."""
+class Translation(NamedTuple):
+    """One hypothesis of a line: its score (sum of log-probabilities / length penalty), detokenized text, and the
+    extra columns when asked (`token_scores`: log p of each output token and EOS; `alignment`: Pharaoh links)."""
 
     score: float
     text: str
@@ -138,10 +157,17 @@ def last_checkpoints(directory: Path, n: int) -> list[Path]:
 average_checkpoints = training_ckpts.average_checkpoints
 
 
-def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None) -> list[ckpt_io.Checkpoint]:
-    """One checkpoint per `-m` value: a file, or with `average_last` a run directory averaged on the fly."""
+def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None,
+                     note: hub.Note | None = None) -> list[ckpt_io.Checkpoint]:
+    """One checkpoint per `-m` value: a file, an `hf:ORG/NAME[@REVISION]` hub reference (pulled through the hub
+    cache; `note` hears which commit), or with `average_last` a run directory averaged on the fly."""
     out = []
     for item in models:
+        if hub.is_hub_ref(item):
+            if average_last:
+                raise CheckpointError(f"{item}: --average-last needs a local run directory, not a hub reference")
+            out.append(ckpt_io.load(hub.resolve(item, note)))
+            continue
         path = Path(item)
         if average_last:
             if not path.is_dir():
@@ -174,7 +200,20 @@ def length_batches(sources: list[list[int]], max_tokens: int, max_sentences: int
 
 
 class Translator:
-    """A model (or ensemble) with its tokenizer: translates lists of raw lines."""
+    """A model (or ensemble) with its tokenizer: translates lists of raw lines. The Python API (`from nmt_cli import
+    Translator`; docs/api.md) and `nmt translate` both build it with `Translator.load`."""
+
+    @classmethod
+    def load(cls, model: str | Path | Iterable[str | Path], *, average_last: int | None = None,
+             device: str = "auto", precision: str = "fp32", warn: Warner | None = None,
+             note: hub.Note | None = None, **options) -> Translator:
+        """Load a checkpoint file, an `hf:ORG/NAME[@REVISION]` hub reference or a run directory (with
+        `average_last`), or a list of them (an ensemble). `options` are `nmt translate`'s option names:
+        beam=4, lenpen=0.6, lenpen_form="gnmt", stop="beam", max_len_a=1.0, max_len_b=50, nbest=1, max_tokens, ...
+        """
+        models = [model] if isinstance(model, (str, Path)) else list(model)
+        config = TranslateConfig.from_options(**options)
+        return cls(load_checkpoints(models, average_last, note), device, precision, config, warn)
 
     def __init__(self, checkpoints: list[ckpt_io.Checkpoint], device: str = "auto", precision: str = "fp32",
                  config: TranslateConfig | None = None, warn: Warner | None = None):
@@ -260,8 +299,8 @@ class Translator:
         return results
 
     def translate(self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None,
-                  ) -> list[list[Output]]:
-        """Raw lines -> per line, its hypotheses as Output(score, detokenized text, ...), best first. `prefixes`:
+                  ) -> list[list[Translation]]:
+        """Raw lines -> per line, its hypotheses as Translation(score, text, ...), best first. `prefixes`:
         one target prefix per line ('' for none), kept verbatim at the start of each output."""
         sources = self.encode(lines, first_line)
         prefix_ids = self.encode_prefixes(prefixes, first_line) if prefixes is not None else None
@@ -279,10 +318,14 @@ class Translator:
             row = []
             for _ in hs:
                 h, text, (token_scores, alignment, replaced) = next(it)
-                row.append(Output(h.score, _one_line(replaced if replaced is not None else text), token_scores,
+                row.append(Translation(h.score, _one_line(replaced if replaced is not None else text), token_scores,
                                   alignment))
             out.append(row)
         return out
+
+    def translate_best(self, lines: list[str]) -> list[str]:
+        """Raw lines -> the best translation of each, in order (an empty line gives an empty string)."""
+        return [hyps[0].text for hyps in self.translate(lines)]
 
     def _analyse(self, lines: list[str], sources: list[list[int]], hyps: list[list[Hypothesis]]) -> list[tuple]:
         """(token scores, alignment column, text with unknown tokens replaced or None) per hypothesis, from one
@@ -346,12 +389,12 @@ def read_chunks(stream: BinaryIO, size: int, warn: Warner, first_line: int = 1) 
         yield chunk
 
 
-def format_chunk(results: list[list[Output]], first_line: int, config: TranslateConfig) -> str:
+def format_chunk(results: list[list[Translation]], first_line: int, config: TranslateConfig) -> str:
     """Plain text (optionally `score<TAB>text`) or n-best TSV `line<TAB>rank<TAB>score<TAB>text` (1-based); with
     --token-scores and/or --print-alignment one more TAB-separated column each, in that order."""
     rows = []
 
-    def extra(h: Output) -> str:
+    def extra(h: Translation) -> str:
         cols = []
         if config.token_scores:
             cols.append(" ".join(f"{x:.4f}" for x in h.token_scores or []))

@@ -23,7 +23,8 @@ _EPILOG = (
     "  nmt translate -m runs/base --average-last 5 --nbest 4 < input.en > nbest.tsv\n\n"
     "  nmt translate -m model.pt --precision bf16 --threads 2 < input.en\n\n"
     "  nmt translate -m de-en.pt --sampling --topk 10 --seed 1 < mono.de > synthetic.en   # back-translation\n\n"
-    "  nmt translate -m model.pt --prefix starts.de --print-alignment words < input.en"
+    "  nmt translate -m model.pt --prefix starts.de --print-alignment words < input.en\n\n"
+    "  nmt translate -m hf:my-org/nmt-en-de@v1.0 < input.en"
 )
 
 
@@ -60,9 +61,10 @@ def register(app: typer.Typer) -> None:
         input_file: Path = typer.Argument(
             None, metavar="[INPUT]", exists=True, dir_okay=False, help="Input text file (default: stdin)."
         ),
-        models: list[Path] = typer.Option(
+        models: list[str] = typer.Option(
             ..., "-m", "--model", metavar="CHECKPOINT",
-            help="Checkpoint file; repeat to ensemble. A run directory with --average-last.",
+            help="Checkpoint file, or hf:ORG/NAME\\[@REVISION] (a hub model repository's checkpoint.pt, through the "
+                 "hub cache); repeat to ensemble. A run directory with --average-last.",
         ),
         input_opt: Path = typer.Option(
             None, "-i", "--input", exists=True, dir_okay=False, help="Input text file (same as INPUT)."
@@ -128,7 +130,7 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(None, "--threads", min=1, help="CPU threads (default: one per core)."),
     ) -> None:
         from nmt_cli import translate as core
-        from nmt_cli.search import SearchConfig
+        from nmt_cli.commands.messages import note_line
 
         if input_file is not None and input_opt is not None:
             raise typer.BadParameter("give the input either as INPUT or with -i, not both", param_hint="'-i'")
@@ -136,18 +138,15 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"--nbest {nbest} exceeds --beam {beam} (with --sampling it is the number of "
                                      "samples)", param_hint="'--nbest'")
         core.set_threads(threads)
-        config = core.TranslateConfig(
-            search=SearchConfig(beam=beam, alpha=lenpen, lp=lenpen_form.value, max_len_a=max_len_a,
-                                max_len_b=max_len_b, stop=stop.value, min_len=min_len,
-                                no_repeat_ngram=no_repeat_ngram, sampling=sampling, topk=topk, topp=topp,
-                                temperature=temperature, seed=seed),
-            buffer_size=buffer_size, max_tokens=max_tokens, nbest=nbest, scores=scores, token_scores=token_scores,
+        translator = core.Translator.load(
+            models, average_last=average_last, device=device.value, precision=precision.value,
+            warn=core.Warner(_warn_line), note=note_line, beam=beam, lenpen=lenpen, lenpen_form=lenpen_form.value,
+            max_len_a=max_len_a, max_len_b=max_len_b, stop=stop.value, buffer_size=buffer_size,
+            max_tokens=max_tokens, nbest=nbest, scores=scores, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+            sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
             alignment=print_alignment.value if print_alignment is not None else None,
             alignment_layer=alignment_layer, replace_unk=replace_unk,
         )
-        warn = core.Warner(_warn_line)
-        checkpoints = core.load_checkpoints(models, average_last)
-        translator = core.Translator(checkpoints, device.value, precision.value, config, warn)
         source = input_file or input_opt
         with ExitStack() as stack:
             src = stack.enter_context(open(source, "rb")) if source is not None else sys.stdin.buffer

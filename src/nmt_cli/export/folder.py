@@ -1,0 +1,66 @@
+"""Export folders appear whole or not at all: written into a temporary directory beside the target, then renamed.
+
+A crash, Ctrl-C or a refused conversion leaves the target as it was (absent, or the previous export with
+`replace=True`); the temporary directory is removed on any error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from nmt_cli.errors import ConfigError
+
+
+def check_target(target: Path, replace: bool = False, force_option: str | None = "--force") -> None:
+    """Refuse a target that is a file, or a non-empty directory unless `replace` (`force_option` is the option that
+    asks for it, named in the message)."""
+    if target.exists() and not target.is_dir():
+        raise ConfigError(f"{target} is a file; give the path of a directory")
+    if target.is_dir() and any(target.iterdir()) and not replace:
+        how = f" or pass {force_option} to replace it" if force_option else " or remove it first"
+        raise ConfigError(f"{target} already exists and is not empty; choose another directory{how}")
+
+
+@contextmanager
+def atomic_folder(target: str | os.PathLike, replace: bool = False,
+                  force_option: str | None = "--force") -> Iterator[Path]:
+    """Yield an empty temporary directory; when the block ends without error it becomes `target`."""
+    target = Path(target)
+    check_target(target, replace, force_option)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(f"cannot write {target}: {exc.strerror or exc}; make {target.parent} writable") from exc
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; an export is an ordinary folder
+        old = None
+        if target.exists():  # (replace=True) move the previous export aside; put it back if the rename fails
+            old = target.with_name(f".{target.name}.{os.getpid()}.old")
+            os.replace(target, old)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if old is not None:
+                os.replace(old, target)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise ConfigError(f"cannot write {target}: {exc.strerror or exc}; {target} was left as it was. "
+                              "Free disk space or make the directory writable") from exc
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
