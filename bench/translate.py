@@ -360,8 +360,8 @@ def main() -> None:
                    help="Sections that also run the Hugging Face / fairseq anchors (they are slow on base).")
     p.add_argument("--nmt", default="fp32,fp32-top,fp32-fairseq,bf16",
                    help="nmt configurations: precisions, '-fairseq' adds --lenpen-form fairseq (CTranslate2's and "
-                        "Hugging Face's length penalty form), '-top' adds --stop top (CTranslate2's stopping rule; "
-                        "fairseq and Hugging Face stop as nmt's default).")
+                        "Hugging Face's length penalty form), '-top' adds --stop top (OpenNMT-py's stopping rule; "
+                        "CTranslate2, fairseq and Hugging Face stop as nmt's default).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: nmt on the GPU (--nmt fp32,bf16,fp16) against CTranslate2 on the GPU (--ct2 "
