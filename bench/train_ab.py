@@ -1,0 +1,84 @@
+"""Before/after training speed of `nmt train` itself: this checkout against an older commit, alternated in one run.
+
+    python bench/train_ab.py --old 4165a04                       # small Multi30k model, fp32, 3 rounds
+    python bench/train_ab.py --old 4165a04 --steps 60 --rounds 5 --threads 1
+
+Each round runs the real CLI (`python -m nmt_cli.cli train`) once with the old source tree (`git archive OLD src`,
+put first on PYTHONPATH) and once with this checkout's, on the same prepared data (runs/m30k/data, or --data),
+same seed and flags, so both read the same batches. The figure is the steady-state time per update: the
+`elapsed` of the last log record minus that of the first (start-up, data loading and the first --log-every
+updates are left out), and target tokens/s over that span. Machines are shared: the load average is printed
+before and after each run, and only figures from one run of this script are comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--d-model", "256", "--d-ff", "1024", "--heads", "4", "--layers", "3", "--dropout", "0.1"]
+
+
+def old_tree(rev: str, into: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into / "src"
+
+
+def run_once(src: Path, data: Path, work: Path, args) -> dict:
+    out = work / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "nmt_cli.cli", "train", str(data), "-o", str(out), "--preset", "base", *SMALL,
+           "--max-tokens", str(args.max_tokens), "--max-steps", str(args.steps), "--log-every", str(args.log_every),
+           "--precision", args.precision, "--threads", str(args.threads), "--no-resume", "--seed", "1"]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    load = os.getloadavg()[0]
+    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    logs = [r for r in records if r["kind"] == "train"]
+    first, last = logs[0], logs[-1]
+    updates = last["step"] - first["step"]
+    seconds = last["elapsed"] - first["elapsed"]
+    tokens = sum(r["tgt_tokens_per_update"] * args.log_every for r in logs[1:])
+    return {"ms_per_update": 1e3 * seconds / updates, "tgt_tok_s": tokens / seconds, "load": (load, os.getloadavg()[0])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--old", required=True, help="the commit to compare with (e.g. 4165a04)")
+    ap.add_argument("--data", type=Path, default=ROOT / "runs" / "m30k" / "data",
+                    help="prepared data (bash bench/multi30k.sh prepares runs/m30k/data with RUN_DIR=runs/m30k)")
+    ap.add_argument("--steps", type=int, default=45)
+    ap.add_argument("--log-every", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    args = ap.parse_args()
+    if not (args.data / "manifest.json").exists():
+        sys.exit(f"error: no prepared data in {args.data}; run RUN_DIR=runs/m30k bash bench/multi30k.sh or pass --data")
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {f"old {args.old}": old_tree(args.old, Path(tmp)), "this checkout": ROOT / "src"}
+        results: dict[str, list[dict]] = {name: [] for name in trees}
+        for i in range(args.rounds):
+            for name, src in (trees.items() if i % 2 == 0 else reversed(trees.items())):
+                r = run_once(src, args.data, Path(tmp), args)
+                results[name].append(r)
+                print(f"round {i + 1} {name:<16} {r['ms_per_update']:7.0f} ms/update {r['tgt_tok_s']:7.0f} tgt tok/s "
+                      f"(load {r['load'][0]:.2f} -> {r['load'][1]:.2f})", flush=True)
+    print(f"\nbest of {args.rounds} rounds ({args.steps - args.log_every} updates each, {args.precision}, "
+          f"{args.threads} threads, --max-tokens {args.max_tokens}):")
+    for name, rs in results.items():
+        best = min(rs, key=lambda r: r["ms_per_update"])
+        print(f"  {name:<16} {best['ms_per_update']:7.0f} ms/update {best['tgt_tok_s']:7.0f} tgt tok/s")
+
+
+if __name__ == "__main__":
+    main()
