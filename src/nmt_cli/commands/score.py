@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
         if test_set:
             ref_names, references = core.load_test_set(test_set, langpair)
         else:
-            ref_names, references = list(refs), [core.read_lines(path) for path in refs]
+            ref_names, references = list(refs), [core.read_lines(path, "reference") for path in refs]
         report = core.score_systems(
             systems, references, ref_names, metric_names,
             tok_lang=core.tokenizer_language(langpair, ref_names), paired_bs=paired_bs, n_bootstrap=n_bootstrap,
@@ -107,7 +107,7 @@ def _read_systems(paths: list[str]) -> list[tuple[str, list[str]]]:
     systems = []
     for path in paths:
         if path == "-":
-            systems.append(("stdin", core.lines_from_stream(sys.stdin, "stdin")))
+            systems.append(("stdin", core.lines_from_stream(sys.stdin.buffer, "stdin")))
         else:
             systems.append((path, core.read_lines(path)))
     return systems
