@@ -54,7 +54,10 @@ def test_translate_reads_by_the_rule(raw, expected):
     assert [line for chunk in chunks for line in chunk] == expected
 
 
-@pytest.mark.parametrize(("raw", "expected"), [c for c in CASES if c[1]], ids=[i for i, c in zip(IDS, CASES) if c[1]])
+NONEMPTY = [(i, c) for i, c in zip(IDS, CASES, strict=True) if c[1]]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [c for _, c in NONEMPTY], ids=[i for i, _ in NONEMPTY])
 def test_score_reads_files_and_streams_by_the_rule(tmp_path, raw, expected):
     path = tmp_path / "hyp.txt"
     path.write_bytes(raw)

@@ -129,12 +129,16 @@ def check_parallel(systems: Sequence[tuple[str, list[str]]], references: Sequenc
     n_ref = len(references[0])
     for ref_name, ref in zip(ref_names, references, strict=True):
         if len(ref) != n_ref:
-            raise DataError(f"references {ref_names[0]} ({n_ref} lines) and {ref_name} ({len(ref)} lines) "
+            raise DataError(f"references {ref_names[0]} ({_lines(n_ref)}) and {ref_name} ({_lines(len(ref))}) "
                             "differ in length; all references must be parallel")
     for name, hyp in systems:
         if len(hyp) != n_ref:
-            raise DataError(f"{name} has {len(hyp)} lines but reference {ref_names[0]} has {n_ref}; "
+            raise DataError(f"{name} has {_lines(len(hyp))} but reference {ref_names[0]} has {n_ref}; "
                             "hypothesis and reference must be parallel, one sentence per line")
+
+
+def _lines(n: int) -> str:
+    return f"{n} line" if n == 1 else f"{n} lines"
 
 
 # ------------------------------------------------------------------------------------------- test sets
