@@ -34,7 +34,7 @@ error: missing option -o / --output RUN_DIR  (see 'nmt train --help')
 |---|---|
 | 0 | done |
 | 1 | an error: missing, unreadable or inconsistent input (text, data directory, checkpoint), a device or precision the machine lacks, a download that failed, training that cannot go on; `nmt --debug COMMAND ...` shows the traceback |
-| 2 | a usage error: an unknown option, a missing or invalid option or argument (`nmt COMMAND --help` lists them); `nmt` and `nmt export` alone print their help with status 2 |
+| 2 | a usage error: an unknown option, a missing or invalid option or argument (`nmt COMMAND --help` lists them) |
 | 130 | interrupted by Ctrl-C (`nmt train` saves a checkpoint first; 143 when stopped by SIGTERM) |
 
 Warnings (e.g. invalid UTF-8 replaced by `nmt translate`) are lines that start with `warning:`; notes (e.g. the

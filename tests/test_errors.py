@@ -88,6 +88,8 @@ CASES = [
     Case("prepare wmt99 -o x", 1, ("wmt99", "--list")),
     Case("prepare custom --src-lang en --tgt-lang de --train nope --valid nope -o x", 1, ("nope.en", "--train")),
     Case("prepare sample -o x --errors sometimes", 2, ("--errors", "sometimes")),
+    Case("prepare sample -o in.txt/data", 1, ("in.txt/data", "writable directory"), keeps=("in.txt",)),
+    Case("translate -m good.pt -o .", 1, ("cannot write .",)),
     # export
     Case("export ctranslate2", 2, ("missing argument CKPT", "'nmt export ctranslate2 --help'")),
     Case("export ctranslate2 random.pt -o keepdir", 1, ("random.pt", "not a PyTorch checkpoint"),

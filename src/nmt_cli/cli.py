@@ -89,7 +89,14 @@ def main(argv: list[str] | None = None) -> None:
         _error_line(" ".join(exc.format_message().split()), "use --debug for the traceback")
         sys.exit(exc.exit_code)
     except typer.Abort:
-        _error_line("aborted", "nothing was changed after the interruption")
+        _error_line("aborted", "use --debug for the traceback")
+        sys.exit(1)
+    except OSError as exc:  # the system refused a file operation no command foresaw (a full disk...)
+        if _state["debug"] or "--debug" in args:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        _error_line(f"{exc.strerror or exc}{where}; free space or fix the permissions, then run the command again",
+                    "use --debug for the traceback")
         sys.exit(1)
     sys.exit(status if isinstance(status, int) else 0)  # --help, --version and typer.Exit(code) return a code
 
