@@ -123,8 +123,9 @@ def test_translate_writes_one_line_per_input_line_from_stdin_and_from_a_file(tmp
     args = ("translate", "-m", ckpt, "--beam", "1", "--max-len-b", "2")
     from_stdin = _nmt(*args, stdin=MIXED)
     from_file = _nmt(*args, tmp_path / "in.txt")
+    from_dash = _nmt(*args, "-", stdin=MIXED)  # '-' is stdin, as for nmt score
     assert from_stdin.returncode == 0 and from_file.returncode == 0, from_stdin.stderr + from_file.stderr
-    assert from_stdin.stdout == from_file.stdout
+    assert from_stdin.stdout == from_file.stdout == from_dash.stdout
     assert from_stdin.stdout.count(b"\n") == len(MIXED_LINES)
 
 

@@ -67,7 +67,7 @@ class Alignment(str, Enum):
 def register(app: typer.Typer) -> None:
     @app.command("translate", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
     def translate(
-        input_file: Path = typer.Argument(None, metavar="INPUT", help="Input text file (default: stdin)."),
+        input_file: Path = typer.Argument(None, metavar="INPUT", help="Input text file (none, or '-': stdin)."),
         models: list[str] = typer.Option(
             ..., "-m", "--model", metavar="CKPT",
             help="Checkpoint file, or hf:ORG/NAME[@REVISION] (a hub model repository's checkpoint.pt, through the "
@@ -167,7 +167,8 @@ def register(app: typer.Typer) -> None:
                               "number of samples)")
         source = input_file or input_opt
         with ExitStack() as stack:  # inputs are checked before the model loads, the output opened after
-            src = stack.enter_context(open_input(source)) if source is not None else sys.stdin.buffer
+            from_stdin = source is None or str(source) == "-"
+            src = sys.stdin.buffer if from_stdin else stack.enter_context(open_input(source))
             prefixes = stack.enter_context(open_input(prefix, "prefix file")) if prefix is not None else None
             core.set_threads(threads)
             translator = core.Translator.load(
