@@ -1,7 +1,12 @@
 """Self-contained, atomic, safe checkpoints."""
 
+import io
 import os
 import pickle
+import random
+import warnings
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,12 +53,52 @@ class _Evil:
 def test_pickle_that_would_run_code_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"format": "nmt-checkpoint", "version": 1, "payload": _Evil()}, path)
-    with pytest.raises(CheckpointError, match="refused"):
+    with pytest.raises(CheckpointError, match=r"refused: it holds a \w+\.system object.*could run code"):
         load(path)
     raw = tmp_path / "raw.pkl"
     raw.write_bytes(pickle.dumps(_Evil()))
-    with pytest.raises(CheckpointError):
+    with pytest.raises(CheckpointError, match="plain Python pickle, not a PyTorch checkpoint"):
         load(raw)
+
+
+def _unreadable_files(tmp_path: Path, good: bytes) -> dict[str, tuple[Path, str]]:
+    """name -> (file, what its error must say)."""
+    zip_buf = io.BytesIO()
+    with zipfile.ZipFile(zip_buf, "w") as z:
+        z.writestr("notes.txt", "hello")
+    legacy = tmp_path / "legacy.pt"
+    torch.save({"x": torch.zeros(500)}, legacy, _use_new_zipfile_serialization=False)
+    contents = {
+        "random": (bytes(random.Random(0).randrange(1, 128) for _ in range(4096)), "not a PyTorch checkpoint"),
+        "text": (b"hello world\n", "not a PyTorch checkpoint"),
+        "pickle4": (pickle.dumps({"a": 1}, protocol=4), "plain Python pickle"),
+        "pickle2": (pickle.dumps({"a": 1}, protocol=2), "plain Python pickle"),
+        "truncated": (good[: len(good) // 2], "truncated or corrupt (its zip archive is incomplete"),
+        "truncated-legacy": (legacy.read_bytes()[:1500], "truncated or corrupt"),
+        "other-zip": (zip_buf.getvalue(), "a zip archive but not a PyTorch checkpoint"),
+    }
+    out = {}
+    for name, (data, words) in contents.items():
+        path = tmp_path / f"{name}.pt"
+        path.write_bytes(data)
+        out[name] = (path, words)
+    return out
+
+
+def test_unreadable_files_say_why_in_one_line_of_our_own_without_warnings(tmp_path, small_ckpt):
+    """Each kind of unreadable file gets its own cause (not torch's text, cut or whole), and torch's warnings
+    (e.g. about the pickle protocol) do not reach the user."""
+    good = tmp_path / "good.pt"
+    save(small_ckpt, good)
+    for name, (path, words) in _unreadable_files(tmp_path, good.read_bytes()).items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(CheckpointError) as exc:
+                load(path)
+        message = str(exc.value)
+        assert words in message and str(path) in message, (name, message)
+        assert "\n" not in message and "weights_only" not in message and "torch.load" not in message, (name, message)
+        assert caught == [], (name, [str(w.message) for w in caught])
 
 
 def test_truncated_file_gives_clear_error(tmp_path, small_ckpt):

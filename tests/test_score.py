@@ -58,7 +58,7 @@ def _write(tmp_path: Path, name: str, lines: list[str]) -> str:
 def _run(argv: list[str], capsys, stdin: str | None = None, monkeypatch=None) -> tuple[int, str, str]:
     """Run the CLI in-process; returns (exit code, stdout, stderr)."""
     if stdin is not None:
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8")), encoding="utf-8"))
     code = 0
     try:
         main(argv)
@@ -88,7 +88,7 @@ def test_scores_equal_sacrebleu_api(name, metric, key):
 def test_cli_json_equals_sacrebleu_on_files(tmp_path, capsys):
     hyp = _write(tmp_path, "hyp.en", HYP)
     ref_a, ref_b = _write(tmp_path, "a.en", REF_A), _write(tmp_path, "b.en", REF_B)
-    code, out, _ = _run([ "score", hyp, "-r", ref_a, "-r", ref_b, "-m", "bleu,chrf,ter", "--json"], capsys)
+    code, out, _ = _run([ "score", hyp, "-r", ref_a, "-r", ref_b, "--metrics", "bleu,chrf,ter", "--json"], capsys)
     assert code == 0
     data = json.loads(out)
     scores = data["systems"][0]["scores"]
@@ -115,7 +115,7 @@ def test_cli_stdin_and_identity_is_100(tmp_path, capsys, monkeypatch):
 def test_human_table_is_aligned_with_several_systems(tmp_path, capsys):
     ref = _write(tmp_path, "ref.en", REF_A)
     sys_a, sys_b = _write(tmp_path, "sysA.en", HYP), _write(tmp_path, "sysB.en", HYP_WORSE)
-    code, out, _ = _run(["score", "-r", ref, sys_a, sys_b, "-m", "bleu", "chrf", "ter", "-w", "2"], capsys)
+    code, out, _ = _run(["score", "-r", ref, sys_a, sys_b, "--metrics", "bleu", "chrf", "ter", "-w", "2"], capsys)
     assert code == 0
     table = out.split("\n\n")[0].splitlines()
     assert table[0].split() == ["system", "BLEU", "chrF2", "TER"]
@@ -141,18 +141,26 @@ def test_metric_names_parsing():
 
 def test_cli_space_separated_metrics_are_not_files(tmp_path, capsys):
     ref, hyp = _write(tmp_path, "ref.en", REF_A), _write(tmp_path, "hyp.en", HYP)
-    code, out, _ = _run(["score", hyp, "-r", ref, "-m", "bleu", "chrf", "ter", "--json"], capsys)
-    assert code == 0
+    code, out, err = _run(["score", hyp, "-r", ref, "--metrics", "bleu", "chrf", "ter", "--json"], capsys)
+    assert code == 0 and err == ""
     data = json.loads(out)
     assert [s["name"] for s in data["systems"]] == [hyp]
     assert list(data["signatures"]) == ["BLEU", "chrF2", "TER"]
 
 
+def test_cli_short_m_still_works_with_a_deprecation_warning(tmp_path, capsys):
+    """-m was --metrics before it meant --model in nmt translate: old scripts keep working, and are told."""
+    ref, hyp = _write(tmp_path, "ref.en", REF_A), _write(tmp_path, "hyp.en", HYP)
+    code, out, err = _run(["score", hyp, "-r", ref, "-m", "bleu", "chrf", "--json"], capsys)
+    assert code == 0 and list(json.loads(out)["signatures"]) == ["BLEU", "chrF2"]
+    assert err.count("\n") == 1 and err.startswith("warning:") and "--metrics" in err
+
+
 def test_cli_unknown_metric_is_usage_error(tmp_path, capsys):
     ref, hyp = _write(tmp_path, "ref.en", REF_A), _write(tmp_path, "hyp.en", HYP)
-    code, _, err = _run(["score", hyp, "-r", ref, "-m", "bleu,rouge"], capsys)
+    code, _, err = _run(["score", hyp, "-r", ref, "--metrics", "bleu,rouge"], capsys)
     assert code == 2
-    assert "rouge" in err
+    assert "rouge" in err and "--metrics" in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------------------ tokenized (paper) BLEU

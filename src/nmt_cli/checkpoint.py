@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import tempfile
+import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +143,56 @@ def save(ckpt: Checkpoint, path: str | os.PathLike) -> None:
     atomic_write(path, lambda f: torch.save(data, f))
 
 
+# How a file written by torch.save starts: a zip archive (the default since torch 1.6) or, in the legacy format,
+# a pickle (protocol 2) of torch's magic number.
+_ZIP_MAGIC = b"PK\x03\x04"
+_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
+_NOT_OURS = "pass a checkpoint written by nmt train or nmt average"
+
+
+def _torch_load(path: Path, map_location) -> Any:
+    """torch.load(weights_only=True), every failure a CheckpointError of our own words naming the file: not a
+    PyTorch file at all, a truncated or corrupt one, or one holding objects that are not tensors or plain data.
+    torch's warnings are silenced (e.g. about a pickle protocol): the error says what matters."""
+    with open(path, "rb") as f:
+        head = f.read(len(_LEGACY_MAGIC))
+    if head.startswith(b"\x80") and not head.startswith(_LEGACY_MAGIC):
+        raise CheckpointError(f"{path}: a plain Python pickle, not a PyTorch checkpoint (torch.save writes a zip "
+                              f"archive); {_NOT_OURS}")
+    if not head.startswith((_ZIP_MAGIC, _LEGACY_MAGIC)):
+        raise CheckpointError(f"{path}: not a PyTorch checkpoint (it is neither the zip archive torch.save writes "
+                              f"nor its legacy pickle); {_NOT_OURS}")
+    if head.startswith(_ZIP_MAGIC):
+        _check_zip(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL\s+([\w.]+)", str(exc))
+        if found:
+            raise CheckpointError(
+                f"{path}: refused: it holds a {found.group(1)} object, not only tensors and plain data, and loading "
+                f"it could run code; {_NOT_OURS}") from exc
+        raise CheckpointError(f"{path}: corrupt (its pickled data cannot be read); re-copy the file or use an "
+                              "earlier checkpoint") from exc
+    except Exception as exc:  # RuntimeError, EOFError, KeyError...: torch raises many kinds on damaged data
+        raise CheckpointError(f"{path}: truncated or corrupt ({type(exc).__name__} while reading it); re-copy the "
+                              "file or use an earlier checkpoint") from exc
+
+
+def _check_zip(path: Path) -> None:
+    """A complete zip archive (its central directory, at the end, is there) holding torch.save's data.pkl."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        raise CheckpointError(f"{path}: truncated or corrupt (its zip archive is incomplete: an interrupted copy or "
+                              "save?); re-copy the file or use an earlier checkpoint") from None
+    if not any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
+        raise CheckpointError(f"{path}: a zip archive but not a PyTorch checkpoint (no data.pkl in it); {_NOT_OURS}")
+
+
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read a checkpoint; any problem becomes a one-line CheckpointError naming the file."""
     path = Path(path)
@@ -149,18 +202,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> C
         raise CheckpointError(f"{path} is a directory; pass a checkpoint file such as {path}/checkpoint_best.pt")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (an interrupted copy?); use another checkpoint")
-    try:
-        data = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
-        raise CheckpointError(
-            f"{path}: refused to load: the file contains objects other than tensors and plain data "
-            f"(loading it could run code); only nmt checkpoints are accepted ({str(exc).splitlines()[0][:120]})"
-        ) from exc
-    except Exception as exc:  # RuntimeError, EOFError, BadZipFile, IndexError...: torch raises many kinds
-        raise CheckpointError(
-            f"{path}: not a readable checkpoint (truncated or corrupt: {str(exc).splitlines()[0][:120]}); "
-            "use an earlier checkpoint or re-copy the file"
-        ) from exc
+    data = _torch_load(path, map_location)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no '{FORMAT}' marker); pass a file written by nmt train or nmt average")
     version = data.get("version")

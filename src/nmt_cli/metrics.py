@@ -16,8 +16,10 @@ import re
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from nmt_cli.errors import ConfigError, DataError, DownloadError
+from nmt_cli.lines import open_input, read_text
 
 # Canonical metric names accepted by `-m`, in display order.
 METRIC_NAMES = ("bleu", "chrf", "chrf++", "ter", "tok-bleu")
@@ -104,27 +106,18 @@ def is_metric_name(token: str) -> bool:
     return _ALIASES.get(token.lower(), token.lower()) in METRIC_NAMES
 
 
-def read_lines(path: str) -> list[str]:
-    """Read a UTF-8 text file as lines, trailing whitespace stripped (as the sacrebleu CLI does)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return lines_from_stream(f, path)
-    except FileNotFoundError:
-        raise DataError(f"cannot read {path}: no such file; check the path") from None
-    except IsADirectoryError:
-        raise DataError(f"cannot read {path}: it is a directory; pass a text file") from None
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror or exc}") from None
+def read_lines(path: str, what: str = "hypothesis") -> list[str]:
+    """A UTF-8 text file as lines (the rule of `nmt_cli.lines`), trailing whitespace stripped (as the sacrebleu
+    CLI does)."""
+    with open_input(path, what) as f:
+        return lines_from_stream(f, str(path))
 
 
-def lines_from_stream(stream: Iterable[str], name: str) -> list[str]:
-    """Lines of an open text stream (file or stdin); DataError if it is not UTF-8 or has no lines at all.
+def lines_from_stream(stream: BinaryIO, name: str) -> list[str]:
+    """Lines of an open binary stream (file or stdin); DataError if it is not UTF-8 or has no lines at all.
 
     A file of blank lines is valid input (a weak system may output nothing): it scores, it does not fail."""
-    try:
-        lines = [line.rstrip() for line in stream]
-    except UnicodeDecodeError as exc:
-        raise DataError(f"cannot read {name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    lines = [line.rstrip() for line in read_text(stream, name)]
     if not lines:
         raise DataError(f"{name} is empty: it holds no lines to score (one sentence per line expected)")
     return lines
@@ -136,12 +129,16 @@ def check_parallel(systems: Sequence[tuple[str, list[str]]], references: Sequenc
     n_ref = len(references[0])
     for ref_name, ref in zip(ref_names, references, strict=True):
         if len(ref) != n_ref:
-            raise DataError(f"references {ref_names[0]} ({n_ref} lines) and {ref_name} ({len(ref)} lines) "
+            raise DataError(f"references {ref_names[0]} ({_lines(n_ref)}) and {ref_name} ({_lines(len(ref))}) "
                             "differ in length; all references must be parallel")
     for name, hyp in systems:
         if len(hyp) != n_ref:
-            raise DataError(f"{name} has {len(hyp)} lines but reference {ref_names[0]} has {n_ref}; "
+            raise DataError(f"{name} has {_lines(len(hyp))} but reference {ref_names[0]} has {n_ref}; "
                             "hypothesis and reference must be parallel, one sentence per line")
+
+
+def _lines(n: int) -> str:
+    return f"{n} line" if n == 1 else f"{n} lines"
 
 
 # ------------------------------------------------------------------------------------------- test sets
@@ -172,7 +169,7 @@ def load_test_set(test_set: str, langpair: str | None) -> tuple[list[str], list[
             f"could not get test set {test_set} ({langpair}) through sacrebleu's download into "
             f"{_sacrebleu_dir()} ({reason}); offline, pass the reference file with -r ref.txt instead"
         ) from None
-    return list(paths), [read_lines(p) for p in paths]
+    return list(paths), [read_lines(p, "reference") for p in paths]
 
 
 def _sacrebleu_dir() -> str:

@@ -26,6 +26,7 @@ from nmt_cli import hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError
+from nmt_cli.lines import iter_lines
 from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, search
 from nmt_cli.training import checkpoints as training_ckpts
 from nmt_cli.training.runtime import cpu_has_fast_bf16, gpu_has_native_bf16
@@ -370,15 +371,16 @@ def _one_line(text: str) -> str:
 
 
 def read_chunks(stream: BinaryIO, size: int, warn: Warner, first_line: int = 1) -> Iterator[list[str]]:
-    """Lines of a binary stream (line ending removed, invalid UTF-8 replaced with a warning), `size` at a time."""
+    """Lines of a binary stream (split by the rule of `nmt_cli.lines`; invalid UTF-8 replaced with a warning),
+    `size` at a time."""
     number = first_line
+    lines = iter_lines(stream)
     while True:
-        raw = list(islice(stream, size))
+        raw = list(islice(lines, size))
         if not raw:
             return
         chunk = []
         for line in raw:
-            line = line.rstrip(b"\n").rstrip(b"\r")
             try:
                 chunk.append(line.decode("utf-8"))
             except UnicodeDecodeError as exc:

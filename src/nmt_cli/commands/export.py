@@ -7,34 +7,43 @@ from pathlib import Path
 
 import typer
 
+from nmt_cli.commands.helpformat import Command, Group
 from nmt_cli.commands.messages import note_line
 
+_SUMMARY = "Export a checkpoint to CTranslate2 or Hugging Face"
 _HELP = (
-    "Export a checkpoint (a file or hf:ORG/NAME\\[@REVISION]) to the engines models are deployed with: CTranslate2 "
+    "Export a checkpoint (a file or hf:ORG/NAME[@REVISION]) to the engines models are deployed with: CTranslate2 "
     "(fast CPU/GPU inference, int8) or Hugging Face transformers (MarianMTModel). Needs the export extra: "
-    "pip install 'nmt-cli\\[export]'."
+    "pip install 'nmt-cli[export]'."
 )
+_CT2_SUMMARY = "A CTranslate2 model directory"
 _CT2_HELP = (
-    "A CTranslate2 model directory (model.bin, vocabulary, sentencepiece.model, README.md with the Python lines that "
-    "translate with it). Post-LN and pre-LN models; --quantization sets the weights' type on disk."
+    "Export a checkpoint to a CTranslate2 model directory: model.bin, the vocabulary, sentencepiece.model and a "
+    "README.md with the Python lines that translate with it. Post-LN and pre-LN models; --quantization sets the "
+    "weights' type on disk."
 )
-_CT2_EPILOG = (
-    "Examples:\n\n"
-    "  nmt export ctranslate2 runs/base/averaged.pt -o exports/ende-ct2\n\n"
-    "  nmt export ctranslate2 runs/base/averaged.pt -o exports/ende-ct2-int8 --quantization int8\n\n"
-    "  nmt export ctranslate2 hf:my-org/nmt-en-de@v1.0 -o ende-ct2"
-)
+_CT2_EPILOG = """\
+Examples:
+  nmt export ctranslate2 runs/base/averaged.pt -o exports/ende-ct2
+  nmt export ctranslate2 runs/base/averaged.pt -o exports/ende-ct2-int8 \\
+      --quantization int8
+  nmt export ctranslate2 hf:my-org/nmt-en-de@v1.0 -o ende-ct2
+"""
+_HF_SUMMARY = "A Hugging Face transformers model folder (MarianMTModel)"
 _HF_HELP = (
-    "A Hugging Face folder: MarianMTModel weights and config (model.safetensors, config.json, generation_config.json), "
-    "a MarianTokenizer (source.spm, target.spm, vocab.json) and a model card (README.md). Post-LN models with shared "
-    "embeddings (nmt's default)."
+    "Export a checkpoint to a Hugging Face folder: MarianMTModel weights and config (model.safetensors, "
+    "config.json, generation_config.json), a MarianTokenizer (source.spm, target.spm, vocab.json) and a model "
+    "card (README.md). Post-LN models with shared embeddings (nmt's default)."
 )
-_HF_EPILOG = (
-    "Examples:\n\n"
-    "  nmt export huggingface runs/base/averaged.pt -o exports/ende-hf --license cc-by-4.0 \\\n"
-    "      --training-data 'Multi30k en-de train (29,000 pairs)' --scores test.scores.json\n\n"
-    "  (test.scores.json: nmt score -r test.de --json < test.hyp.de > test.scores.json)"
-)
+_HF_EPILOG = """\
+Examples:
+  nmt export huggingface runs/base/averaged.pt -o exports/ende-hf
+  nmt score -r test.de --json < test.hyp.de > test.scores.json
+  nmt export huggingface runs/base/averaged.pt -o exports/ende-hf \\
+      --license cc-by-4.0 --scores test.scores.json \\
+      --training-data 'Multi30k en-de train (29,000 pairs)'
+"""
+_CARD = "Model card"
 
 
 class Quantization(str, Enum):
@@ -46,6 +55,9 @@ class Quantization(str, Enum):
     float16 = "float16"
     bfloat16 = "bfloat16"
     float32 = "float32"
+
+
+QUANTIZATIONS = ", ".join(q.value for q in Quantization)
 
 
 def quiet_transformers() -> None:
@@ -63,22 +75,26 @@ def card_info(license_id: str, training_data: str | None, scores: Path | None):
 
 
 # Model card options, shared by both exports and `nmt push`.
-LICENSE = typer.Option("unknown", "--license", help="Licence identifier for the model card (apache-2.0, cc-by-4.0...).")
-TRAINING_DATA = typer.Option(None, "--training-data", help="What the model was trained on, for the model card.")
-SCORES = typer.Option(None, "--scores", exists=True, dir_okay=False,
-                      help="`nmt score --json` output: BLEU and its sacreBLEU signature go into the model card.")
+LICENSE = typer.Option("unknown", "--license", metavar="ID", rich_help_panel=_CARD,
+                       help="Licence identifier, e.g. apache-2.0 or cc-by-4.0.")
+TRAINING_DATA = typer.Option(None, "--training-data", metavar="TEXT", rich_help_panel=_CARD,
+                             help="What the model was trained on.")
+SCORES = typer.Option(None, "--scores", metavar="FILE", rich_help_panel=_CARD,
+                      help="The output of nmt score --json: BLEU and its sacreBLEU signature.")
 
 
 def register(app: typer.Typer) -> None:
-    export_app = typer.Typer(help=_HELP, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]})
+    export_app = typer.Typer(cls=Group, help=_HELP, short_help=_SUMMARY, no_args_is_help=True, rich_markup_mode=None,
+                             context_settings={"help_option_names": ["-h", "--help"]})
     app.add_typer(export_app, name="export")
 
-    @export_app.command("ctranslate2", help=_CT2_HELP, epilog=_CT2_EPILOG)
+    @export_app.command("ctranslate2", cls=Command, short_help=_CT2_SUMMARY, help=_CT2_HELP, epilog=_CT2_EPILOG)
     def ctranslate2(
-        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME\\[@REVISION]."),
-        output: Path = typer.Option(..., "-o", "--output", help="The model directory to write."),
+        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME[@REVISION]."),
+        output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="The model directory to write."),
         quantization: Quantization = typer.Option(
-            None, "--quantization", "-q", help="Weight type on disk (default: float32 as trained)."),
+            None, "-q", "--quantization", metavar="TYPE", show_default="float32, as trained",
+            help=f"Weight type on disk: {QUANTIZATIONS}."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
         license_id: str = LICENSE,
         training_data: str = TRAINING_DATA,
@@ -96,10 +112,10 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"exported {model} (sha256 {origin['sha256'][:12]}) -> {output}/ ({kind}); see {output}/README.md",
                    err=True)
 
-    @export_app.command("huggingface", help=_HF_HELP, epilog=_HF_EPILOG)
+    @export_app.command("huggingface", cls=Command, short_help=_HF_SUMMARY, help=_HF_HELP, epilog=_HF_EPILOG)
     def huggingface(
-        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME\\[@REVISION]."),
-        output: Path = typer.Option(..., "-o", "--output", help="The model folder to write."),
+        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file or hf:ORG/NAME[@REVISION]."),
+        output: Path = typer.Option(..., "-o", "--output", metavar="DIR", help="The model folder to write."),
         force: bool = typer.Option(False, "--force", help="Replace a non-empty output directory."),
         license_id: str = LICENSE,
         training_data: str = TRAINING_DATA,

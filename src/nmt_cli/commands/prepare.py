@@ -8,71 +8,90 @@ from enum import Enum
 
 import typer
 
+from nmt_cli.commands.helpformat import usage
+from nmt_cli.commands.messages import usage_error
+
 
 class ErrorMode(str, Enum):
     strict = "strict"
     replace = "replace"
 
+_SUMMARY = "Download or read a corpus, clean it, learn BPE, binarize it"
 _HELP = (
     "Prepare a corpus for training: download or read it, clean it (counts reported), learn a joint "
-    "sentencepiece BPE, encode on all cores and binarize it into OUT_DIR with a manifest.\n\n"
+    "sentencepiece BPE, encode it on all cores and binarize it into OUT_DIR with a manifest.\n\n"
     "NAME is a known corpus (nmt prepare --list: wmt14-en-de, wmt14-en-fr, wmt16-en-ro, wmt17-en-de, "
-    "iwslt17-de-en, their reverses, sample) or 'custom' with your own files (--train/--valid/--test PREFIX read "
-    "PREFIX.<src-lang> and PREFIX.<tgt-lang>). Hub corpora are pinned to a revision and cached where "
-    "huggingface_hub caches (HF_HUB_CACHE, HF_HOME); a cached file is checked before use. "
-    "Re-running with the same options reuses finished steps; --force redoes them."
+    "iwslt17-de-en, their reverses, sample) or 'custom' with your own files: --train, --valid and --test PREFIX "
+    "read PREFIX.<src-lang> and PREFIX.<tgt-lang>. Hub corpora are pinned to a revision and cached where "
+    "huggingface_hub caches (HF_HUB_CACHE, HF_HOME); a cached file is checked before use. Running again with the "
+    "same options reuses the finished steps; --force redoes them."
 )
-_EPILOG = (
-    "Examples:\n\n"
-    "  nmt prepare sample -o data/sample\n\n"
-    "  nmt prepare wmt14-en-de -o data/ende\n\n"
-    "  nmt prepare wmt16-ro-en -o data/roen                         # the reverse direction\n\n"
-    "  HF_HUB_OFFLINE=1 nmt prepare wmt14-en-de -o data/ende       # from the cache only\n\n"
-    "  nmt prepare wmt14-en-de --from-dir ~/wmt14 -o data/ende     # pre-downloaded files\n\n"
-    "  nmt prepare custom --src-lang en --tgt-lang de --train corpus/train --valid corpus/valid "
-    "--test corpus/test --vocab-size 8000 -o data/mine\n\n"
-    "  nmt prepare --list"
-)
+_EPILOG = """\
+Examples:
+  nmt prepare sample -o data/sample
+  nmt prepare wmt14-en-de -o data/ende
+  nmt prepare wmt16-ro-en -o data/roen                    # reverse direction
+  HF_HUB_OFFLINE=1 nmt prepare wmt14-en-de -o data/ende   # from the cache
+  nmt prepare wmt14-en-de --from-dir ~/wmt14 -o data/ende # downloaded files
+  nmt prepare custom --src-lang en --tgt-lang de --train corpus/train \\
+      --valid corpus/valid --test corpus/test --vocab-size 8000 -o data/mine
+  nmt prepare --list
+"""
+_DATA, _CLEAN = "Input", "Cleaning and BPE"
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("prepare", help=_HELP, epilog=_EPILOG)
+    @app.command("prepare", short_help=_SUMMARY, help=_HELP, epilog=_EPILOG,
+                 cls=usage("NAME -o OUT_DIR [OPTIONS]",
+                           "custom --src-lang LANG --tgt-lang LANG --train PREFIX -o OUT_DIR [OPTIONS]", "--list"))
     def prepare(
-        name: str = typer.Argument(None, metavar="NAME", help="Corpus name (see --list) or 'custom'."),
-        out_dir: str = typer.Option(None, "-o", "--out", "--output", help="Output data directory."),
+        name: str = typer.Argument(None, metavar="NAME", help="Corpus name (see --list) or custom."),
+        out_dir: str = typer.Option(None, "-o", "--out", "--output", metavar="OUT_DIR",
+                                    help="Output data directory."),
         list_corpora: bool = typer.Option(False, "--list", help="List the known corpora and exit."),
-        src_lang: str = typer.Option(None, "--src-lang", help="Source language code (custom; or pick a direction)."),
-        tgt_lang: str = typer.Option(None, "--tgt-lang", help="Target language code."),
-        train: str = typer.Option(None, "--train", help="Training files prefix: PREFIX.<src> and PREFIX.<tgt>."),
-        valid: str = typer.Option(None, "--valid", help="Validation files prefix."),
-        test: str = typer.Option(None, "--test", help="Test files prefix."),
+        force: bool = typer.Option(False, "--force", help="Redo every step, even a finished one that matches."),
+        src_lang: str = typer.Option(None, "--src-lang", metavar="LANG", rich_help_panel=_DATA,
+                                     help="Source language code (custom; or pick a direction of a named corpus)."),
+        tgt_lang: str = typer.Option(None, "--tgt-lang", metavar="LANG", rich_help_panel=_DATA,
+                                     help="Target language code."),
+        train: str = typer.Option(None, "--train", metavar="PREFIX", rich_help_panel=_DATA,
+                                  help="Training files: PREFIX.<src-lang> and PREFIX.<tgt-lang>."),
+        valid: str = typer.Option(None, "--valid", metavar="PREFIX", rich_help_panel=_DATA,
+                                  help="Validation files."),
+        test: str = typer.Option(None, "--test", metavar="PREFIX", rich_help_panel=_DATA, help="Test files."),
         from_dir: str = typer.Option(
-            None, "--from-dir", help="Pre-downloaded files of a named corpus: {train,valid,test}.<lang> or the "
-                                     "hub layout (de-en/*.parquet)."),
-        reverse: bool = typer.Option(False, "--reverse", help="Swap the direction (wmt14-en-de -> de->en)."),
-        vocab_size: int = typer.Option(
-            None, "--vocab-size", min=16, help="Joint BPE vocabulary (default per corpus, see --list; 8000 "
-                                               "custom)."),
-        max_len: int = typer.Option(250, "--max-len", min=1, help="Drop training pairs with a side longer than "
-                                                                  "this many BPE tokens."),
-        ratio: float = typer.Option(1.5, "--ratio", min=1.0, help="Drop training pairs whose longer side has more "
-                                                                  "than RATIO times the BPE tokens of the shorter."),
-        normalize_punct: bool = typer.Option(False, "--normalize-punct", help="Moses punctuation normalization."),
-        bpe_sample: int = typer.Option(
-            None, "--bpe-sample", min=2, help="Max sentences (both sides) to learn BPE from (default 2000000)."),
-        workers: int = typer.Option(0, "--workers", min=0, help="Encoding threads (0: all cores)."),
-        errors: ErrorMode = typer.Option(ErrorMode.strict, "--errors", help="Invalid UTF-8: strict (error with "
-                                                                            "file and line) or replace (U+FFFD)."),
-        force: bool = typer.Option(False, "--force", help="Redo every step even when a finished one matches."),
-        seed: int = typer.Option(1, "--seed", help="Seed of the BPE training sample."),
+            None, "--from-dir", metavar="DIR", rich_help_panel=_DATA,
+            help="Downloaded files of a named corpus: {train,valid,test}.<lang>, or the hub layout "
+                 "(de-en/*.parquet)."),
+        reverse: bool = typer.Option(False, "--reverse", rich_help_panel=_DATA,
+                                     help="Swap the direction (wmt14-en-de becomes de-en)."),
+        errors: ErrorMode = typer.Option(ErrorMode.strict, "--errors", rich_help_panel=_DATA,
+                                         help="Invalid UTF-8: strict (an error naming the file and line) or "
+                                              "replace (by U+FFFD)."),
+        vocab_size: int = typer.Option(None, "--vocab-size", min=16, metavar="N", rich_help_panel=_CLEAN,
+                                       show_default="per corpus, see --list; custom 8000",
+                                       help="Joint BPE vocabulary size."),
+        max_len: int = typer.Option(250, "--max-len", min=1, metavar="N", rich_help_panel=_CLEAN,
+                                    help="Drop training pairs with a side longer than N BPE tokens."),
+        ratio: float = typer.Option(1.5, "--ratio", min=1.0, metavar="RATIO", rich_help_panel=_CLEAN,
+                                    help="Drop training pairs whose longer side has more than RATIO times the BPE "
+                                         "tokens of the shorter."),
+        normalize_punct: bool = typer.Option(False, "--normalize-punct", rich_help_panel=_CLEAN,
+                                             help="Moses punctuation normalization."),
+        bpe_sample: int = typer.Option(None, "--bpe-sample", min=2, metavar="N", rich_help_panel=_CLEAN,
+                                       show_default="2000000",
+                                       help="Learn BPE from at most N sentences (both sides)."),
+        seed: int = typer.Option(1, "--seed", metavar="N", rich_help_panel=_CLEAN,
+                                 help="Seed of the BPE training sample."),
+        workers: int = typer.Option(0, "--workers", min=0, metavar="N", help="Encoding threads (0: all cores)."),
     ) -> None:
         if list_corpora:
             _print_list()
             return
         if not name:
-            raise typer.BadParameter("pass a corpus NAME (nmt prepare --list shows them)", param_hint="'NAME'")
+            raise usage_error("missing argument NAME: a corpus name (nmt prepare --list shows them) or custom")
         if not out_dir:
-            raise typer.BadParameter("pass the output directory: -o OUT_DIR", param_hint="'-o'")
+            raise usage_error("missing option -o OUT_DIR: the data directory to write")
         from nmt_cli.data.prepare import PrepareOptions
         from nmt_cli.data.prepare import prepare as run
 

@@ -9,40 +9,49 @@ import typer
 
 from nmt_cli.commands.export import (
     LICENSE,
+    QUANTIZATIONS,
     SCORES,
     TRAINING_DATA,
     Quantization,
     card_info,
     quiet_transformers,
 )
-from nmt_cli.commands.messages import note_line
+from nmt_cli.commands.helpformat import Command
+from nmt_cli.commands.messages import note_line, usage_error
 
+_SUMMARY = "Upload a checkpoint and its exports to the Hugging Face hub"
 _HELP = (
     "Upload a checkpoint to a Hugging Face hub model repository (created if needed) in one commit: checkpoint.pt "
     "(weights, config and tokenizer; the training state is left out), a model card (README.md) and, with "
-    "--huggingface / --ctranslate2, the exports (the Hugging Face one at the root, so from_pretrained('ORG/NAME') "
-    "works; CTranslate2 under ctranslate2/). Then `nmt translate -m hf:ORG/NAME` runs it anywhere. Needs a token "
-    "with write access (`hf auth login` or HF_TOKEN); --dry-run DIR writes the repository folder without uploading."
+    "--huggingface and --ctranslate2, the exports (the Hugging Face one at the root, so "
+    "from_pretrained('ORG/NAME') works; CTranslate2 under ctranslate2/). Then nmt translate -m hf:ORG/NAME runs it "
+    "anywhere.\n\n"
+    "Needs a token with write access (hf auth login, or HF_TOKEN); --dry-run DIR writes the repository folder "
+    "without uploading."
 )
-_EPILOG = (
-    "Examples:\n\n"
-    "  nmt push runs/base/averaged.pt my-org/nmt-en-de --huggingface --ctranslate2 --license cc-by-4.0\n\n"
-    "  nmt push runs/base/averaged.pt my-org/nmt-en-de --private --scores test.scores.json\n\n"
-    "  nmt push runs/base/averaged.pt my-org/nmt-en-de --huggingface --dry-run staged/   # look before uploading"
-)
+_EPILOG = """\
+Examples:
+  nmt push runs/base/averaged.pt my-org/nmt-en-de --huggingface \\
+      --ctranslate2 --license cc-by-4.0
+  nmt push runs/base/averaged.pt my-org/nmt-en-de --private \\
+      --scores test.scores.json
+  nmt push runs/base/averaged.pt my-org/nmt-en-de --huggingface \\
+      --dry-run staged/                                # look before uploading
+"""
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("push", help=_HELP, epilog=_EPILOG)
+    @app.command("push", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
     def push(
-        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file (or hf:ORG/NAME\\[@REVISION])."),
+        model: str = typer.Argument(..., metavar="CKPT", help="Checkpoint file (or hf:ORG/NAME[@REVISION])."),
         repo_id: str = typer.Argument(..., metavar="ORG/NAME", help="The hub model repository."),
         private: bool = typer.Option(False, "--private", help="Create the repository private."),
         huggingface: bool = typer.Option(False, "--huggingface", help="Add the Hugging Face export (at the root)."),
         ctranslate2: bool = typer.Option(False, "--ctranslate2", help="Add the CTranslate2 export (ctranslate2/)."),
         quantization: Quantization = typer.Option(
-            None, "--quantization", "-q", help="Weight type of the CTranslate2 export (default float32)."),
-        message: str = typer.Option(None, "--message", help="Commit message."),
+            None, "-q", "--quantization", metavar="TYPE", show_default="float32",
+            help=f"Weight type of the CTranslate2 export: {QUANTIZATIONS}."),
+        message: str = typer.Option(None, "--message", metavar="TEXT", help="Commit message."),
         dry_run: Path = typer.Option(
             None, "--dry-run", metavar="DIR", help="Write the repository folder to DIR and upload nothing."),
         license_id: str = LICENSE,
@@ -54,8 +63,7 @@ def register(app: typer.Typer) -> None:
 
         repo_id = hub.check_repo_id(repo_id)
         if quantization is not None and not ctranslate2:
-            raise typer.BadParameter("--quantization applies to the CTranslate2 export: add --ctranslate2",
-                                     param_hint="'--quantization'")
+            raise usage_error("--quantization applies to the CTranslate2 export: add --ctranslate2")
         if ctranslate2:
             require("ctranslate2", "nmt push --ctranslate2")
         if huggingface:

@@ -8,65 +8,80 @@ import sys
 
 import typer
 
+from nmt_cli.commands.helpformat import usage
+from nmt_cli.commands.messages import usage_error
+
+_SUMMARY = "Score translations: BLEU, chrF, TER and the paper's tok-BLEU"
 _HELP = (
     "Score translations against references with sacrebleu (BLEU, chrF, chrF++, TER), each with its signature.\n\n"
-    "--tok-bleu adds the paper's number: Moses tokenization + compound splitting + BLEU on tokens (multi-bleu)."
-    " Several hypothesis files are compared in one table; --paired-bs adds significance against the first."
+    "--tok-bleu adds the paper's number: Moses tokenization, compound splitting and BLEU on tokens "
+    "(multi-bleu.perl). Several hypothesis files are compared in one table; --paired-bs adds significance against "
+    "the first."
 )
-_EPILOG = (
-    "Examples:\n\n"
-    "  nmt score -r ref.de < hyp.de\n\n"
-    "  nmt score hyp.de -r ref.de -m bleu,chrf,ter --tok-bleu\n\n"
-    "  nmt score -t wmt14 -l en-de < hyp.de\n\n"
-    "  nmt score -r ref.de sysA.de sysB.de --paired-bs --json"
-)
+_EPILOG = """\
+Examples:
+  nmt score -r ref.de < hyp.de
+  nmt score hyp.de -r ref.de --metrics bleu,chrf,ter --tok-bleu
+  nmt score -t wmt14 -l en-de < hyp.de
+  nmt score -r ref.de sysA.de sysB.de --paired-bs --json
+"""
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("score", help=_HELP, epilog=_EPILOG)
+    @app.command("score", short_help=_SUMMARY, help=_HELP, epilog=_EPILOG,
+                 cls=usage("-r REF [OPTIONS] [HYP...]", "-t TEST_SET -l SRC-TGT [OPTIONS] [HYP...]"))
     def score(
         hypotheses: list[str] = typer.Argument(
-            None, metavar="HYP", help="Hypothesis files, one sentence per line (default: stdin; '-' = stdin)."
+            None, metavar="HYP...", help="Hypothesis files, one sentence a line (none, or '-': stdin)."
         ),
-        refs: list[str] = typer.Option(None, "-r", "--ref", help="Reference file; repeat for several references."),
+        refs: list[str] = typer.Option(None, "-r", "--ref", metavar="REF",
+                                       help="Reference file; repeat for several references."),
         metrics: list[str] = typer.Option(
-            None, "-m", "--metrics",
-            help="Metrics: bleu (default), chrf, chrf++, ter, tok-bleu; comma- or space-separated "
-                 "(-m bleu,chrf,ter), repeated (-m bleu -m ter), or -m bleu chrf ter.",
+            None, "--metrics", metavar="NAMES",
+            help="bleu (default), chrf, chrf++, ter, tok-bleu: comma- or space-separated (--metrics bleu,chrf,ter "
+                 "or --metrics bleu chrf ter), or repeated.",
         ),
+        metrics_short: list[str] = typer.Option(None, "-m", hidden=True),  # deprecated: -m is --model elsewhere
         tok_bleu: bool = typer.Option(
             False, "--tok-bleu", help="Add tok-BLEU: Moses-tokenized, compound-split BLEU (the paper's protocol)."
         ),
         test_set: str = typer.Option(
-            None, "-t", "--test-set", help="Standard test set by sacrebleu name (e.g. wmt14) instead of -r."
+            None, "-t", "--test-set", metavar="TEST_SET",
+            help="A standard test set by its sacrebleu name (e.g. wmt14) instead of -r."
         ),
         langpair: str = typer.Option(
-            None, "-l", "--langpair", help="Language pair (en-de) for -t; its target is tok-BLEU's tokenizer language."
+            None, "-l", "--langpair", metavar="SRC-TGT",
+            help="Language pair (en-de) for -t; its target is tok-BLEU's tokenizer language."
         ),
         paired_bs: bool = typer.Option(
             False, "--paired-bs", help="Paired bootstrap resampling (sacrebleu) of each system against the first."
         ),
-        n_bootstrap: int = typer.Option(1000, "--n-bootstrap", min=10, help="Bootstrap resamples for --paired-bs."),
+        n_bootstrap: int = typer.Option(1000, "--n-bootstrap", min=10, metavar="N",
+                                        help="Bootstrap resamples for --paired-bs."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object (scores, signatures)."),
-        width: int = typer.Option(1, "-w", "--width", min=0, max=6, help="Decimals in the table."),
+        width: int = typer.Option(1, "-w", "--width", min=0, max=6, metavar="N", help="Decimals in the table."),
     ) -> None:
         from nmt_cli import metrics as core
 
-        hypotheses, metric_names = _split_metrics_from_files(list(hypotheses or []), list(metrics or []))
+        if metrics_short:
+            from nmt_cli.commands.messages import warning_line
+
+            warning_line("nmt score -m is deprecated and will be removed (-m is --model in nmt translate); use "
+                         "--metrics")
+        hypotheses, metric_names = _split_metrics_from_files(list(hypotheses or []),
+                                                             list(metrics or []) + list(metrics_short or []))
         metric_names = metric_names or ["bleu"]
         if tok_bleu and "tok-bleu" not in metric_names:
             metric_names.append("tok-bleu")
         if test_set and refs:
-            raise typer.BadParameter("pass either -r (reference files) or -t (a test set), not both",
-                                     param_hint="'-r' / '-t'")
+            raise usage_error("pass either -r (reference files) or -t (a test set), not both")
         if not test_set and not refs:
-            raise typer.BadParameter("no reference: pass -r ref.txt (or a test set: -t wmt14 -l en-de)",
-                                     param_hint="'-r'")
+            raise usage_error("no reference: pass -r REF (or a test set: -t wmt14 -l en-de)")
         systems = _read_systems(hypotheses)
         if test_set:
             ref_names, references = core.load_test_set(test_set, langpair)
         else:
-            ref_names, references = list(refs), [core.read_lines(path) for path in refs]
+            ref_names, references = list(refs), [core.read_lines(path, "reference") for path in refs]
         report = core.score_systems(
             systems, references, ref_names, metric_names,
             tok_lang=core.tokenizer_language(langpair, ref_names), paired_bs=paired_bs, n_bootstrap=n_bootstrap,
@@ -92,7 +107,7 @@ def _split_metrics_from_files(positionals: list[str], metric_values: list[str]) 
     try:
         return files, core.parse_metric_names(metric_values)
     except ConfigError as exc:
-        raise typer.BadParameter(str(exc), param_hint="'-m'") from None
+        raise typer.BadParameter(str(exc), param_hint="'--metrics'") from None
 
 
 def _read_systems(paths: list[str]) -> list[tuple[str, list[str]]]:
@@ -101,13 +116,12 @@ def _read_systems(paths: list[str]) -> list[tuple[str, list[str]]]:
 
     if not paths:
         if sys.stdin is None or sys.stdin.isatty():
-            raise typer.BadParameter("no hypothesis: pass a file or pipe one (nmt score -r ref.de < hyp.de)",
-                                     param_hint="'HYP'")
+            raise usage_error("no hypothesis: pass a file or pipe one (nmt score -r ref.de < hyp.de)")
         paths = ["-"]
     systems = []
     for path in paths:
         if path == "-":
-            systems.append(("stdin", core.lines_from_stream(sys.stdin, "stdin")))
+            systems.append(("stdin", core.lines_from_stream(sys.stdin.buffer, "stdin")))
         else:
             systems.append((path, core.read_lines(path)))
     return systems

@@ -10,23 +10,32 @@ from pathlib import Path
 
 import typer
 
+from nmt_cli.commands.helpformat import Command
+
+_SUMMARY = "Train a Transformer on a prepared data directory"
 _HELP = (
-    "Train the Transformer on a prepared data directory (the recipe of 'Attention Is All You Need').\n\n"
-    "Adam(0.9, 0.98, 1e-9) with the inverse-square-root schedule (warmup 4000), label smoothing 0.1, ~25000 "
-    "target tokens per update (--max-tokens x --update-freq x processes; --update-freq auto reaches it). "
-    "Checkpoints go to RUN_DIR: checkpoint_last.pt (resume), checkpoint_best.pt (lowest validation loss, or "
-    "best BLEU with --valid-bleu), checkpoint_<step>.pt (the last --keep-last), averaged.pt (--average-last). "
-    "A run resumes automatically when RUN_DIR holds checkpoint_last.pt. Ctrl-C saves a checkpoint and exits."
+    "Train the Transformer on a directory written by nmt prepare, with the recipe of 'Attention Is All You Need': "
+    "Adam (0.9, 0.98, 1e-9), the inverse-square-root schedule, label smoothing 0.1 and about 25000 target tokens "
+    "per update (--max-tokens x --update-freq x processes; --update-freq auto reaches it).\n\n"
+    "RUN_DIR gets checkpoint_last.pt (to resume), checkpoint_best.pt (lowest validation loss, or highest BLEU with "
+    "--valid-bleu), the last --keep-last checkpoint_<step>.pt and, with --average-last, averaged.pt. A run resumes "
+    "by itself when RUN_DIR holds checkpoint_last.pt. Ctrl-C saves a checkpoint and exits."
 )
-_EPILOG = (
-    "Examples:\n\n"
-    "  nmt train data/ende -o runs/base --preset base --average-last 5\n\n"
-    "  nmt train data/ende -o runs/big --preset big --gpus 8 --precision bf16 --average-last 20\n\n"
-    "  nmt train data/sample -o runs/tiny --preset tiny --max-time 5 --precision auto\n\n"
-    "  nmt train data/ende -o runs/b1 --preset base --gpus 1 --update-freq auto   # the 8-GPU batch on 1 GPU\n\n"
-    "  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\\n\n"
-    "      -m nmt_cli.cli train data/ende -o runs/big --preset big"
-)
+_EPILOG = """\
+Examples:
+  nmt train data/ende -o runs/base --preset base --average-last 5
+  nmt train data/ende -o runs/big --preset big --gpus 8 --precision bf16 \\
+      --average-last 20
+  nmt train data/sample -o runs/tiny --preset tiny --max-time 5
+  nmt train data/ende -o runs/b1 --gpus 1 --update-freq auto  # 8 GPUs' batch
+
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
+      --rdzv-endpoint HOST:29500 -m nmt_cli.cli train data/ende -o runs/big \\
+      --preset big
+"""
+# Option groups in --help
+_STOP, _SAVE, _VALID, _RECIPE, _MODEL, _MACHINE = (
+    "Stopping", "Checkpoints", "Validation", "Recipe", "Model (overrides the preset)", "Machine")
 
 
 class Preset(str, Enum):
@@ -55,68 +64,90 @@ def _update_freq(value: str) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", help=_HELP, epilog=_EPILOG)
+    @app.command("train", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
     def train(
-        data_dir: Path = typer.Argument(..., help="Data directory written by nmt prepare."),
-        output: Path = typer.Option(..., "-o", "--output", help="Run directory for checkpoints and logs."),
-        preset: Preset = typer.Option(Preset.base, "--preset", help="Model size (and recipe defaults)."),
-        # stopping
-        max_steps: int = typer.Option(None, "--max-steps", min=1,
-                                      help="Stop after N updates [tiny 30000, base 100000, big 300000]."),
-        max_epochs: int = typer.Option(None, "--max-epochs", min=1, help="Stop after N epochs."),
-        max_time: float = typer.Option(None, "--max-time", min=0.01, help="Stop after M minutes of training."),
-        patience: int = typer.Option(None, "--patience", min=1,
+        data_dir: Path = typer.Argument(..., metavar="DATA_DIR", help="Data directory written by nmt prepare."),
+        output: Path = typer.Option(..., "-o", "--output", metavar="RUN_DIR",
+                                    help="Run directory for checkpoints and logs."),
+        preset: Preset = typer.Option(Preset.base, "--preset", help="Model size and recipe defaults."),
+        seed: int = typer.Option(1, "--seed", metavar="N", help="Random seed."),
+        max_steps: int = typer.Option(None, "--max-steps", min=1, metavar="N", rich_help_panel=_STOP,
+                                      show_default="tiny 30000, base 100000, big 300000",
+                                      help="Stop after N updates."),
+        max_epochs: int = typer.Option(None, "--max-epochs", min=1, metavar="N", rich_help_panel=_STOP,
+                                       help="Stop after N epochs."),
+        max_time: float = typer.Option(None, "--max-time", min=0.01, metavar="MINUTES", rich_help_panel=_STOP,
+                                       help="Stop after this many minutes of training."),
+        patience: int = typer.Option(None, "--patience", min=1, metavar="N", rich_help_panel=_STOP,
                                      help="Stop after N validations without improvement."),
-        # checkpoints
-        save_every: int = typer.Option(None, "--save-every", min=1, help="Save a checkpoint every N updates."),
+        save_every: int = typer.Option(None, "--save-every", min=1, metavar="N", rich_help_panel=_SAVE,
+                                       help="Save a checkpoint every N updates."),
         save_every_minutes: float = typer.Option(
-            None, "--save-every-minutes", min=0.01,
-            help="Save every M minutes [10, the paper; max-time/20 when --max-time is shorter than 200]."),
-        keep_last: int = typer.Option(None, "--keep-last", min=1,
-                                      help="Keep the last K checkpoint_<step>.pt [max(5, --average-last)]."),
-        average_last: int = typer.Option(None, "--average-last", min=1,
+            None, "--save-every-minutes", min=0.01, metavar="MINUTES", rich_help_panel=_SAVE,
+            show_default="10 as in the paper; max-time/20 below --max-time 200",
+            help="Save a checkpoint every this many minutes."),
+        keep_last: int = typer.Option(None, "--keep-last", min=1, metavar="K", rich_help_panel=_SAVE,
+                                      show_default="max(5, --average-last)",
+                                      help="Keep the last K checkpoint_<step>.pt files."),
+        average_last: int = typer.Option(None, "--average-last", min=1, metavar="N", rich_help_panel=_SAVE,
                                          help="At the end, write averaged.pt from the last N checkpoints."),
-        resume: bool = typer.Option(None, "--resume/--no-resume",
-                                    help="Resume from RUN_DIR/checkpoint_last.pt [automatic when it exists]."),
-        # validation
-        valid_every: int = typer.Option(None, "--valid-every", min=1,
-                                        help="Validate every N updates [at every checkpoint]."),
-        valid_bleu: bool = typer.Option(False, "--valid-bleu",
+        resume: bool = typer.Option(None, "--resume/--no-resume", rich_help_panel=_SAVE,
+                                    show_default="resume when RUN_DIR holds checkpoint_last.pt",
+                                    help="Resume from RUN_DIR/checkpoint_last.pt, or start afresh."),
+        valid_every: int = typer.Option(None, "--valid-every", min=1, metavar="N", rich_help_panel=_VALID,
+                                        show_default="at every checkpoint", help="Validate every N updates."),
+        valid_bleu: bool = typer.Option(False, "--valid-bleu", rich_help_panel=_VALID,
                                         help="Also compute validation BLEU (beam search); best = highest BLEU."),
-        valid_beam: int = typer.Option(4, "--valid-beam", min=1, help="Beam size for --valid-bleu."),
-        # recipe
-        lr: float = typer.Option(None, "--lr", min=0.0, help="Peak learning rate [d_model^-0.5 * warmup^-0.5]."),
-        warmup: int = typer.Option(None, "--warmup", min=1, help="Warmup updates [tiny 400, base/big 4000]."),
-        max_tokens: int = typer.Option(None, "--max-tokens", min=1,
-                                       help="Padded tokens per micro-batch per process [update size / processes; "
-                                            "at most 8192 on CPU (tiny 2048)]."),
-        update_freq: str = typer.Option("auto", "--update-freq", callback=_update_freq,
-                                        help="Micro-batches per update, or 'auto' to reach --update-tokens."),
-        update_tokens: int = typer.Option(None, "--update-tokens", min=1,
-                                          help="Tokens per update for --update-freq auto [25000; tiny 2048]."),
-        clip_norm: float = typer.Option(0.0, "--clip-norm", min=0.0, help="Clip the gradient norm (0: off)."),
-        label_smoothing: float = typer.Option(0.1, "--label-smoothing", min=0.0, max=0.99,
-                                              help="Label smoothing epsilon."),
-        seed: int = typer.Option(1, "--seed", help="Random seed."),
-        # model overrides
-        d_model: int = typer.Option(None, "--d-model", min=1, help="Override the preset's d_model."),
-        d_ff: int = typer.Option(None, "--d-ff", min=1, help="Override the feed-forward width."),
-        heads: int = typer.Option(None, "--heads", min=1, help="Override the number of attention heads."),
-        layers: int = typer.Option(None, "--layers", min=1, help="Encoder and decoder layers."),
-        encoder_layers: int = typer.Option(None, "--encoder-layers", min=1, help="Encoder layers."),
-        decoder_layers: int = typer.Option(None, "--decoder-layers", min=1, help="Decoder layers."),
-        dropout: float = typer.Option(None, "--dropout", min=0.0, max=0.99, help="Override P_drop."),
-        attention_dropout: float = typer.Option(None, "--attention-dropout", min=0.0, max=0.99,
-                                                help="Dropout on attention weights [0]."),
-        # machine
-        gpus: int = typer.Option(None, "--gpus", min=0,
-                                 help="GPUs (one process each, NCCL) [1 if CUDA is available, else CPU]."),
-        cpu_procs: int = typer.Option(1, "--cpu-procs", min=1, help="Processes on CPU over gloo (tests, CI)."),
-        precision: Precision = typer.Option(Precision.auto, "--precision",
-                                            help="auto: bf16 where fast (GPU, CPU with AMX), else fp32/fp16."),
-        compile: bool = typer.Option(False, "--compile", help="Use torch.compile."),
-        threads: int = typer.Option(None, "--threads", min=1, help="Torch threads per process [cores/processes]."),
-        log_every: int = typer.Option(100, "--log-every", min=1, help="Updates between log lines."),
+        valid_beam: int = typer.Option(4, "--valid-beam", min=1, metavar="N", rich_help_panel=_VALID,
+                                       help="Beam size for --valid-bleu."),
+        lr: float = typer.Option(None, "--lr", min=0.0, metavar="LR", rich_help_panel=_RECIPE,
+                                 show_default="d_model^-0.5 * warmup^-0.5", help="Peak learning rate."),
+        warmup: int = typer.Option(None, "--warmup", min=1, metavar="N", rich_help_panel=_RECIPE,
+                                   show_default="tiny 400, base and big 4000", help="Warmup updates."),
+        max_tokens: int = typer.Option(None, "--max-tokens", min=1, metavar="N", rich_help_panel=_RECIPE,
+                                       show_default="update size / processes, at most 8192 on CPU (tiny 2048)",
+                                       help="Padded tokens per micro-batch per process."),
+        update_freq: str = typer.Option("auto", "--update-freq", callback=_update_freq, metavar="N|auto",
+                                        rich_help_panel=_RECIPE,
+                                        help="Micro-batches per update, or auto to reach --update-tokens."),
+        update_tokens: int = typer.Option(None, "--update-tokens", min=1, metavar="N", rich_help_panel=_RECIPE,
+                                          show_default="25000; tiny 2048",
+                                          help="Target tokens per update for --update-freq auto."),
+        clip_norm: float = typer.Option(0.0, "--clip-norm", min=0.0, metavar="NORM", rich_help_panel=_RECIPE,
+                                        help="Clip the gradient norm (0: off)."),
+        label_smoothing: float = typer.Option(0.1, "--label-smoothing", min=0.0, max=0.99, metavar="EPSILON",
+                                              rich_help_panel=_RECIPE, help="Label smoothing."),
+        d_model: int = typer.Option(None, "--d-model", min=1, metavar="N", rich_help_panel=_MODEL,
+                                    help="Model width."),
+        d_ff: int = typer.Option(None, "--d-ff", min=1, metavar="N", rich_help_panel=_MODEL,
+                                 help="Feed-forward width."),
+        heads: int = typer.Option(None, "--heads", min=1, metavar="N", rich_help_panel=_MODEL,
+                                  help="Attention heads."),
+        layers: int = typer.Option(None, "--layers", min=1, metavar="N", rich_help_panel=_MODEL,
+                                   help="Encoder and decoder layers."),
+        encoder_layers: int = typer.Option(None, "--encoder-layers", min=1, metavar="N", rich_help_panel=_MODEL,
+                                           help="Encoder layers."),
+        decoder_layers: int = typer.Option(None, "--decoder-layers", min=1, metavar="N", rich_help_panel=_MODEL,
+                                           help="Decoder layers."),
+        dropout: float = typer.Option(None, "--dropout", min=0.0, max=0.99, metavar="P", rich_help_panel=_MODEL,
+                                      help="Dropout (P_drop)."),
+        attention_dropout: float = typer.Option(None, "--attention-dropout", min=0.0, max=0.99, metavar="P",
+                                                rich_help_panel=_MODEL, show_default="0",
+                                                help="Dropout on attention weights."),
+        gpus: int = typer.Option(None, "--gpus", min=0, metavar="N", rich_help_panel=_MACHINE,
+                                 show_default="1 if CUDA is available, else 0: CPU",
+                                 help="GPUs, one process each (NCCL)."),
+        cpu_procs: int = typer.Option(1, "--cpu-procs", min=1, metavar="N", rich_help_panel=_MACHINE,
+                                      help="Processes on CPU, over gloo (tests, CI)."),
+        precision: Precision = typer.Option(
+            Precision.auto, "--precision", rich_help_panel=_MACHINE,
+            help="auto: bf16 where the hardware runs it natively (GPUs of compute capability 8.0 or later, CPUs "
+                 "with AMX or AVX512-BF16), fp16 on older GPUs, else fp32."),
+        compile: bool = typer.Option(False, "--compile", rich_help_panel=_MACHINE, help="Use torch.compile."),
+        threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
+                                    show_default="cores / processes", help="Torch threads per process."),
+        log_every: int = typer.Option(100, "--log-every", min=1, metavar="N", rich_help_panel=_MACHINE,
+                                      help="Updates between log lines."),
     ) -> None:
         from nmt_cli.training.config import TrainConfig
         from nmt_cli.training.launch import train as run_training

@@ -10,22 +10,31 @@ from pathlib import Path
 
 import typer
 
+from nmt_cli.commands.helpformat import Command
+from nmt_cli.lines import open_input
+
+_SUMMARY = "Translate text, one sentence a line, with a checkpoint"
 _HELP = (
-    "Translate raw text, one sentence a line, with a checkpoint (its tokenizer encodes and detokenizes).\n\n"
+    "Translate raw text, one sentence a line, with a checkpoint (its tokenizer encodes and detokenizes), from "
+    "INPUT or stdin to stdout or -o FILE.\n\n"
     "Batched beam search (beam 4, GNMT length penalty alpha 0.6, max length = source + 50 by default); input is "
     "read and written chunk by chunk, so output appears early and memory stays bounded. Several -m ensemble "
     "(average of log-probabilities); a run directory with --average-last N averages its last N checkpoints."
 )
-_EPILOG = (
-    "Examples:\n\n"
-    "  cat input.en | nmt translate -m runs/base/checkpoint_best.pt > out.de\n\n"
-    "  nmt translate input.en -o out.de -m a.pt -m b.pt --beam 5 --lenpen 1.0 --lenpen-form fairseq\n\n"
-    "  nmt translate -m runs/base --average-last 5 --nbest 4 < input.en > nbest.tsv\n\n"
-    "  nmt translate -m model.pt --precision bf16 --threads 2 < input.en\n\n"
-    "  nmt translate -m de-en.pt --sampling --topk 10 --seed 1 < mono.de > synthetic.en   # back-translation\n\n"
-    "  nmt translate -m model.pt --prefix starts.de --print-alignment words < input.en\n\n"
-    "  nmt translate -m hf:my-org/nmt-en-de@v1.0 < input.en"
-)
+_EPILOG = """\
+Examples:
+  nmt translate -m runs/base/checkpoint_best.pt < input.en > out.de
+  nmt translate input.en -o out.de -m a.pt -m b.pt --beam 5 --lenpen 1.0 \\
+      --lenpen-form fairseq
+  nmt translate -m runs/base --average-last 5 --nbest 4 < input.en > nbest.tsv
+  nmt translate -m model.pt --precision bf16 --threads 2 < input.en
+  nmt translate -m de-en.pt --sampling --topk 10 --seed 1 < mono.de \\
+      > synthetic.en                                # back-translation
+  nmt translate -m model.pt --prefix starts.de --print-alignment words \\
+      < input.en
+  nmt translate -m hf:my-org/nmt-en-de@v1.0 < input.en
+"""
+_SEARCH, _SAMPLING, _OUTPUT, _MACHINE = "Search", "Sampling", "Output", "Machine"
 
 
 class Device(str, Enum):
@@ -56,102 +65,122 @@ class Alignment(str, Enum):
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("translate", help=_HELP, epilog=_EPILOG)
+    @app.command("translate", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
     def translate(
-        input_file: Path = typer.Argument(
-            None, metavar="[INPUT]", exists=True, dir_okay=False, help="Input text file (default: stdin)."
-        ),
+        input_file: Path = typer.Argument(None, metavar="INPUT", help="Input text file (none, or '-': stdin)."),
         models: list[str] = typer.Option(
-            ..., "-m", "--model", metavar="CHECKPOINT",
-            help="Checkpoint file, or hf:ORG/NAME\\[@REVISION] (a hub model repository's checkpoint.pt, through the "
-                 "hub cache); repeat to ensemble. A run directory with --average-last.",
+            ..., "-m", "--model", metavar="CKPT",
+            help="Checkpoint file, or hf:ORG/NAME[@REVISION] (a hub model repository's checkpoint.pt, through the "
+                 "hub cache), or a run directory with --average-last; repeat to ensemble.",
         ),
-        input_opt: Path = typer.Option(
-            None, "-i", "--input", exists=True, dir_okay=False, help="Input text file (same as INPUT)."
-        ),
-        output: Path = typer.Option(None, "-o", "--output", help="Output file (default: stdout)."),
+        input_opt: Path = typer.Option(None, "-i", "--input", metavar="FILE", help="Input text file (as INPUT)."),
+        output: Path = typer.Option(None, "-o", "--output", metavar="FILE", help="Output file (default: stdout)."),
         average_last: int = typer.Option(
-            None, "--average-last", min=1, help="Average the last N checkpoints of each -m run directory."
+            None, "--average-last", min=1, metavar="N", help="Average the last N checkpoints of each -m run directory."
         ),
-        beam: int = typer.Option(4, "-b", "--beam", min=1, help="Beam size; 1 is greedy search."),
-        lenpen: float = typer.Option(0.6, "--lenpen", "--alpha", min=0.0, help="Length penalty exponent alpha."),
+        beam: int = typer.Option(4, "-b", "--beam", min=1, metavar="N", rich_help_panel=_SEARCH,
+                                 help="Beam size; 1 is greedy search."),
+        lenpen: float = typer.Option(0.6, "--lenpen", "--alpha", min=0.0, metavar="ALPHA", rich_help_panel=_SEARCH,
+                                     help="Length penalty exponent."),
         lenpen_form: LengthPenalty = typer.Option(
-            LengthPenalty.gnmt, "--lenpen-form", help="gnmt: ((5+len)/6)^alpha; fairseq: len^alpha."
+            LengthPenalty.gnmt, "--lenpen-form", rich_help_panel=_SEARCH,
+            help="gnmt: ((5+len)/6)^alpha; fairseq: len^alpha."
         ),
         stop: Stop = typer.Option(
-            Stop.beam, "--stop",
+            Stop.beam, "--stop", rich_help_panel=_SEARCH,
             help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq); top: once the "
                  "best-ranked candidate has ended (OpenNMT-py, CTranslate2; fewer steps).",
         ),
-        max_len_a: float = typer.Option(1.0, "--max-len-a", min=0.0, help="Max output tokens = a * source + b."),
-        max_len_b: int = typer.Option(50, "--max-len-b", min=0, help="Max output tokens = a * source + b."),
-        nbest: int = typer.Option(
-            1, "--nbest", min=1, help="Output the N best as TSV: line number, rank, score, text (N <= beam)."
-        ),
-        scores: bool = typer.Option(False, "--scores", help="Prefix each line with the best score and a TAB."),
-        min_len: int = typer.Option(0, "--min-len", min=0, help="No EOS before N generated tokens."),
+        max_len_a: float = typer.Option(1.0, "--max-len-a", min=0.0, metavar="A", rich_help_panel=_SEARCH,
+                                        help="Max output tokens = A * source tokens + B."),
+        max_len_b: int = typer.Option(50, "--max-len-b", min=0, metavar="B", rich_help_panel=_SEARCH,
+                                      help="Max output tokens = A * source tokens + B."),
+        min_len: int = typer.Option(0, "--min-len", min=0, metavar="N", rich_help_panel=_SEARCH,
+                                    help="No end of sentence before N generated tokens."),
         no_repeat_ngram: int = typer.Option(
-            0, "--no-repeat-ngram", min=0, help="No n-gram of this size twice in an output (0: off)."
+            0, "--no-repeat-ngram", min=0, metavar="N", rich_help_panel=_SEARCH,
+            help="No n-gram of size N twice in an output (0: off)."
         ),
         prefix: Path = typer.Option(
-            None, "--prefix", exists=True, dir_okay=False,
-            help="File with one target prefix per input line (empty: none); each output starts with it verbatim.",
+            None, "--prefix", metavar="FILE", rich_help_panel=_SEARCH,
+            help="One target prefix per input line (empty: none); each output starts with it verbatim.",
         ),
         sampling: bool = typer.Option(
-            False, "--sampling", help="Sample instead of searching (back-translation); --nbest N draws N samples."
+            False, "--sampling", rich_help_panel=_SAMPLING,
+            help="Sample instead of searching (back-translation); --nbest N draws N samples."
         ),
-        topk: int = typer.Option(0, "--topk", min=0, help="Sampling: from the K most probable tokens (0: all)."),
+        topk: int = typer.Option(0, "--topk", min=0, metavar="K", rich_help_panel=_SAMPLING,
+                                 help="Sample from the K most probable tokens (0: all)."),
         topp: float = typer.Option(
-            1.0, "--topp", min=0.0, max=1.0, help="Sampling: from the tokens holding probability P (1: all)."
+            1.0, "--topp", min=0.0, max=1.0, metavar="P", rich_help_panel=_SAMPLING,
+            help="Sample from the most probable tokens holding probability P (1: all)."
         ),
-        temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling: divide the logits by T."),
-        seed: int = typer.Option(None, "--seed", help="Sampling: random seed (same seed, input, batching: same output)."),
+        temperature: float = typer.Option(1.0, "--temperature", min=0.0, metavar="T", rich_help_panel=_SAMPLING,
+                                          help="Divide the logits by T."),
+        seed: int = typer.Option(None, "--seed", metavar="N", rich_help_panel=_SAMPLING,
+                                 help="Random seed (same seed, input and batching: same output)."),
+        nbest: int = typer.Option(
+            1, "--nbest", min=1, metavar="N", rich_help_panel=_OUTPUT,
+            help="Output the N best as TSV: line number, rank, score, text (N <= beam)."
+        ),
+        scores: bool = typer.Option(False, "--scores", rich_help_panel=_OUTPUT,
+                                    help="Prefix each line with the best score and a TAB."),
         token_scores: bool = typer.Option(
-            False, "--token-scores", help="Add a column: the log-probability of each output piece and EOS."
+            False, "--token-scores", rich_help_panel=_OUTPUT,
+            help="Add a column: the log-probability of each output piece and of the end of sentence."
         ),
         print_alignment: Alignment = typer.Option(
-            None, "--print-alignment",
-            help="Add a column of source-target links (Pharaoh i-j) over words or sentencepiece pieces.",
+            None, "--print-alignment", rich_help_panel=_OUTPUT,
+            help="Add a column of source-target links (Pharaoh i-j) between words or sentencepiece pieces.",
         ),
         alignment_layer: int = typer.Option(
-            -1, "--alignment-layer", help="Decoder layer whose attention gives the links (-1: the last)."
+            -1, "--alignment-layer", metavar="N", rich_help_panel=_OUTPUT,
+            help="Decoder layer whose attention gives the links (-1: the last)."
         ),
         replace_unk: bool = typer.Option(
-            False, "--replace-unk", help="Replace unknown output tokens by the aligned source word."
+            False, "--replace-unk", rich_help_panel=_OUTPUT,
+            help="Replace unknown output tokens by the aligned source word."
         ),
-        buffer_size: int = typer.Option(2000, "--buffer-size", min=1, help="Input lines read (and flushed) per chunk."),
+        buffer_size: int = typer.Option(2000, "--buffer-size", min=1, metavar="N", rich_help_panel=_MACHINE,
+                                        help="Input lines read (and output flushed) per chunk."),
         max_tokens: int | None = typer.Option(
-            None, "--max-tokens", min=1, help="Padded source tokens per batch (default: 2000 on CPU, 6000 on GPU)."
+            None, "--max-tokens", min=1, metavar="N", rich_help_panel=_MACHINE, show_default="2000 on CPU, 6000 on GPU",
+            help="Padded source tokens per batch."
         ),
-        device: Device = typer.Option(Device.auto, "--device", help="auto picks cuda when available."),
+        device: Device = typer.Option(Device.auto, "--device", rich_help_panel=_MACHINE,
+                                      help="auto picks cuda when available."),
         precision: Precision = typer.Option(
-            Precision.fp32, "--precision", help="Model precision; bf16 is fast on CPUs with AMX; fp16 is GPU-only."
+            Precision.fp32, "--precision", rich_help_panel=_MACHINE,
+            help="Model precision; bf16 is fast on CPUs with AMX or AVX512-BF16 and on GPUs of compute capability "
+                 "8.0 or later; fp16 is for GPUs only."
         ),
-        threads: int = typer.Option(None, "--threads", min=1, help="CPU threads (default: one per core)."),
+        threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
+                                    show_default="one per core", help="CPU threads."),
     ) -> None:
         from nmt_cli import translate as core
-        from nmt_cli.commands.messages import note_line
+        from nmt_cli.commands.messages import note_line, usage_error, warning_line
 
         if input_file is not None and input_opt is not None:
-            raise typer.BadParameter("give the input either as INPUT or with -i, not both", param_hint="'-i'")
+            raise usage_error("give the input either as INPUT or with -i, not both")
         if nbest > beam and not sampling:
-            raise typer.BadParameter(f"--nbest {nbest} exceeds --beam {beam} (with --sampling it is the number of "
-                                     "samples)", param_hint="'--nbest'")
-        core.set_threads(threads)
-        translator = core.Translator.load(
-            models, average_last=average_last, device=device.value, precision=precision.value,
-            warn=core.Warner(_warn_line), note=note_line, beam=beam, lenpen=lenpen, lenpen_form=lenpen_form.value,
-            max_len_a=max_len_a, max_len_b=max_len_b, stop=stop.value, buffer_size=buffer_size,
-            max_tokens=max_tokens, nbest=nbest, scores=scores, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
-            sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
-            alignment=print_alignment.value if print_alignment is not None else None,
-            alignment_layer=alignment_layer, replace_unk=replace_unk,
-        )
+            raise usage_error(f"--nbest {nbest} exceeds --beam {beam}; raise --beam (with --sampling, --nbest is the "
+                              "number of samples)")
         source = input_file or input_opt
-        with ExitStack() as stack:
-            src = stack.enter_context(open(source, "rb")) if source is not None else sys.stdin.buffer
+        with ExitStack() as stack:  # inputs are checked before the model loads, the output opened after
+            from_stdin = source is None or str(source) == "-"
+            src = sys.stdin.buffer if from_stdin else stack.enter_context(open_input(source))
+            prefixes = stack.enter_context(open_input(prefix, "prefix file")) if prefix is not None else None
+            core.set_threads(threads)
+            translator = core.Translator.load(
+                models, average_last=average_last, device=device.value, precision=precision.value,
+                warn=core.Warner(warning_line), note=note_line, beam=beam, lenpen=lenpen, lenpen_form=lenpen_form.value,
+                max_len_a=max_len_a, max_len_b=max_len_b, stop=stop.value, buffer_size=buffer_size,
+                max_tokens=max_tokens, nbest=nbest, scores=scores, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+                sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
+                alignment=print_alignment.value if print_alignment is not None else None,
+                alignment_layer=alignment_layer, replace_unk=replace_unk,
+            )
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
-            prefixes = stack.enter_context(open(prefix, "rb")) if prefix is not None else None
             try:
                 core.translate_stream(translator, src, sink, prefixes=prefixes)
             except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other Unix tools do
@@ -166,10 +195,3 @@ def _open_output(path: Path):
         return open(path, "wb")
     except OSError as exc:
         raise DataError(f"cannot write {path}: {exc.strerror}; check the directory exists and is writable") from exc
-
-
-def _warn_line(message: str) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[yellow]warning:[/] {escape(message)}")

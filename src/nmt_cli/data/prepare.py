@@ -327,7 +327,10 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None, warn: Warn |
     clock.lap("check")
 
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the data directory {out}: {exc.strerror or exc}; pick another -o") from None
     try:
         return _build(opts, plan, totals, out, progress, clock)
     except BaseException:

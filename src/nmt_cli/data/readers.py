@@ -16,6 +16,7 @@ from itertools import islice
 from pathlib import Path
 
 from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.lines import count_lines, decode, iter_lines, split
 
 
 @dataclass
@@ -38,16 +39,6 @@ class PairSource:
 def _file_id(path: Path) -> dict:
     st = path.stat()
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def count_lines(path: Path) -> int:
-    """Lines in a file (a last line without newline counts), reading bytes in 16 MiB blocks."""
-    n, last = 0, b"\n"
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
 
 
 class TextPairSource(PairSource):
@@ -93,7 +84,8 @@ class TextPairSource(PairSource):
         self.checksums = {str(p): "sha256:" + h.hexdigest() for p, h in zip(self.paths, hashes, strict=True)}
 
     def _decode(self, blob: bytes, lines: list[bytes], path: Path, start: int) -> list[str]:
-        """The chunk's lines as str (without line ends); on invalid UTF-8 (strict), a DataError naming the line."""
+        """The chunk's lines as str, split by the rule of `nmt_cli.lines` (only "\\n" ends a line, "\\r\\n" is one
+        line end); on invalid UTF-8 (strict), a DataError naming the line."""
         try:
             text = blob.decode("utf-8", self.errors)
         except UnicodeDecodeError:
@@ -104,10 +96,7 @@ class TextPairSource(PairSource):
                     raise DataError(f"{path}: line {start + i + 1} is not valid UTF-8 ({exc.reason} at byte "
                                     f"{exc.start}); fix the file or pass --errors replace") from None
             raise
-        out = text.split("\n")
-        if out and out[-1] == "":
-            out.pop()
-        return out
+        return split(text)
 
 
 class TableSource(PairSource):
@@ -153,14 +142,15 @@ class TableSource(PairSource):
             yield [_one_line(x) for x in src], [_one_line(x) for x in tgt]
 
     def _jsonl_chunks(self, path: Path, size: int) -> Iterator[tuple[list[str], list[str]]]:
-        with open(path, encoding="utf-8") as f:
+        with open(path, "rb") as f:
             lineno = 0
-            while lines := list(islice(f, size)):
+            lines_iter = iter_lines(f)
+            while lines := list(islice(lines_iter, size)):
                 src, tgt = [], []
                 for line in lines:
                     lineno += 1
                     try:
-                        row = json.loads(line)["translation"]
+                        row = json.loads(decode(line, str(path), lineno))["translation"]
                         src.append(_one_line(row[self.src]))
                         tgt.append(_one_line(row[self.tgt]))
                     except (json.JSONDecodeError, KeyError, TypeError) as exc:

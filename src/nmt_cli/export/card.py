@@ -31,8 +31,15 @@ def load_scores(path: str | os.PathLike) -> dict[str, Any]:
     """Read the output of `nmt score --json` (a ConfigError of one line when it is not that)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read scores from {path}: {exc}; pass the output of `nmt score --json`") from exc
+    except FileNotFoundError:
+        raise ConfigError(f"cannot read --scores {path}: no such file; pass the file that `nmt score --json` "
+                          "wrote") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read --scores {path}: {exc.strerror or exc}; pass the file that "
+                          "`nmt score --json` wrote") from exc
+    except ValueError as exc:
+        raise ConfigError(f"cannot read --scores {path}: not JSON ({exc}); pass the output of `nmt score --json`"
+                          ) from exc
     if not isinstance(data, dict) or not isinstance(data.get("systems"), list) or not data["systems"] \
             or "signatures" not in data:
         raise ConfigError(f"{path} is not the output of `nmt score --json` (no systems/signatures); "
