@@ -7,13 +7,12 @@ NMT=${NMT:-nmt}
 DIR=${NMT_DEMO_DIR:-demo}
 STEPS=${NMT_DEMO_STEPS:-1200}
 MIN_BLEU=${NMT_DEMO_MIN_BLEU:-90}
-THREADS=${NMT_DEMO_THREADS:-1}  # the tiny model gains nothing from a second thread, and loses when another job shares the cores
 mkdir -p "$DIR"
 echo "== nmt prepare sample"
 $NMT prepare sample -o "$DIR/data"
 echo "== nmt train (tiny preset, $STEPS updates; the live line shows the ETA)"
 rm -rf "$DIR/run"  # a demo run starts fresh every time (the prepared data is reused)
-$NMT train "$DIR/data" -o "$DIR/run" --preset tiny --max-steps "$STEPS" --save-every $((STEPS / 20)) --threads "$THREADS" \
+$NMT train "$DIR/data" -o "$DIR/run" --preset tiny --max-steps "$STEPS" --save-every $((STEPS / 20)) \
   --precision auto --average-last 5
 echo "== nmt translate the sample test set"
 $NMT translate -m "$DIR/run/averaged.pt" < "$DIR/data/raw/test.en" > "$DIR/test.hyp.de"
