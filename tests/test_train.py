@@ -117,6 +117,16 @@ def test_loss_drops_and_run_dir_is_complete(toy_data_dir, tmp_path):
     assert load(run / "averaged.pt").train_state is None
 
 
+def test_every_live_line_shows_a_speed_and_an_eta(toy_data_dir, tmp_path):
+    """The lines the display shows right after a log line carried the new, empty window: 0 tok/s, ETA 0:00:00."""
+    events = []
+    train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=12, log_every=4), progress=events.append)
+    live = [e for e in events if e["kind"] == "train"]
+    assert len(live) == 12
+    assert all(e["tgt_tokens_per_s"] > 0 for e in live), [e["tgt_tokens_per_s"] for e in live]
+    assert all(e["eta"] > 0 for e in live if e["step"] < 12), [e["eta"] for e in live]
+
+
 def test_one_name_one_number_for_the_validation_figures(toy_data_dir, tmp_path):
     """The live display, the end summary and metrics.jsonl give the validation figure "best" tracks under one name
     and with one value."""

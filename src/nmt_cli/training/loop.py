@@ -425,6 +425,7 @@ class Trainer:
         metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
         self._emit(start)
         window, history, valid, stopped_by = Window(), [], None, "max_steps"
+        last_window = window
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
         shown: dict = {}  # the last loss figures read (for the live display between log lines)
         session_start = last_save = time.monotonic()
@@ -457,10 +458,11 @@ class Trainer:
                               "elapsed": round(self.elapsed, 3), "overflows": self.overflows, **shown}
                     metrics.write(record)
                     history.append(record)
-                    window = Window()
+                    last_window, window = window, Window()
+                pace = window if window.updates else last_window  # a line right after a log shows the last window's
                 self._emit({"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
-                            "elapsed": self.elapsed, "eta": self._eta(window.seconds / max(window.updates, 1)),
-                            "max_steps": plan.max_steps, **shown, **window.speed()})
+                            "elapsed": self.elapsed, "eta": self._eta(pace.seconds / max(pace.updates, 1)),
+                            "max_steps": plan.max_steps, **shown, **pace.speed()})
                 if stats.stop:
                     stopped_by = "signal" if signals.signum is not None else "max_time"
                     break
