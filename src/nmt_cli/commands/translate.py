@@ -84,12 +84,12 @@ def register(app: typer.Typer) -> None:
                                      help="Length penalty exponent."),
         lenpen_form: LengthPenalty = typer.Option(
             LengthPenalty.gnmt, "--lenpen-form", rich_help_panel=_SEARCH,
-            help="gnmt: ((5+len)/6)^alpha; fairseq: len^alpha."
+            help="gnmt: ((5+len)/6)^alpha, the paper's; fairseq: len^alpha, as fairseq, CTranslate2 and Hugging Face."
         ),
         stop: Stop = typer.Option(
             Stop.beam, "--stop", rich_help_panel=_SEARCH,
-            help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq); top: once the "
-                 "best-ranked candidate has ended (OpenNMT-py, CTranslate2; fewer steps).",
+            help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq, CTranslate2); top: once "
+                 "the best-ranked candidate has ended (OpenNMT-py; fewer steps).",
         ),
         max_len_a: float = typer.Option(1.0, "--max-len-a", min=0.0, metavar="A", rich_help_panel=_SEARCH,
                                         help="Max output tokens = A * source tokens + B."),
