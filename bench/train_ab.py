@@ -5,9 +5,9 @@
 
 Each round runs the real CLI (`python -m nmt_cli.cli train`) once with the old source tree (`git archive OLD src`,
 put first on PYTHONPATH) and once with this checkout's, on the same prepared data (runs/m30k/data, or --data),
-same seed and flags, so both read the same batches. The figure is the steady-state time per update: the
-`elapsed` of the last log record minus that of the first (start-up, data loading and the first --log-every
-updates are left out), and target tokens/s over that span. Machines are shared: the load average is printed
+same seed and flags, so both read the same batches. The figures are steady-state: the time of the updates in
+the log windows after the first (start-up, data loading, the first --log-every updates, validations and saves
+are left out), as ms per update and target tokens/s. Machines are shared: the load average is printed
 before and after each run, and only figures from one run of this script are comparable.
 """
 
@@ -44,9 +44,10 @@ def run_once(src: Path, data: Path, work: Path, args) -> dict:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     logs = [r for r in records if r["kind"] == "train"]
     first, last = logs[0], logs[-1]
+    # the log windows time the updates alone (a validation or save between them is not counted)
     updates = last["step"] - first["step"]
-    seconds = last["elapsed"] - first["elapsed"]
     tokens = sum(r["tgt_tokens_per_update"] * args.log_every for r in logs[1:])
+    seconds = sum(r["tgt_tokens_per_update"] * args.log_every / r["tgt_tokens_per_s"] for r in logs[1:])
     return {"ms_per_update": 1e3 * seconds / updates, "tgt_tok_s": tokens / seconds, "load": (load, os.getloadavg()[0])}
 
 
