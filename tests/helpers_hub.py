@@ -65,15 +65,11 @@ def write_repo(cache: Path, repo: str, revision: str, files: dict[str, bytes]) -
     return root
 
 
-class LocalHub:
-    """A local stand-in for huggingface.co's HTTP routes, serving `files` {(repo, revision, path): bytes}."""
+class HubServer:
+    """A local HTTP server in a thread that hands every request to `self._handle(request, method)`; a `with`
+    block runs it at `self.url` (the hub fakes of the tests derive from it)."""
 
-    def __init__(self, files: dict[tuple[str, str, str], bytes]):
-        self.files = files
-        self.fail: tuple[int, dict[str, str]] | None = None  # (status, headers) for every request
-        self.listed_size: int | None = None  # a size paths-info reports instead of the real one
-        self.pause: float = 0.0  # seconds a download stops halfway (a slow network)
-        self.requests: list[str] = []
+    def __init__(self):
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -93,13 +89,28 @@ class LocalHub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> LocalHub:
+    def __enter__(self):
         self.thread.start()
         return self
 
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+    def _handle(self, request: BaseHTTPRequestHandler, method: str) -> None:
+        raise NotImplementedError
+
+
+class LocalHub(HubServer):
+    """A local stand-in for huggingface.co's HTTP routes, serving `files` {(repo, revision, path): bytes}."""
+
+    def __init__(self, files: dict[tuple[str, str, str], bytes]):
+        self.files = files
+        self.fail: tuple[int, dict[str, str]] | None = None  # (status, headers) for every request
+        self.listed_size: int | None = None  # a size paths-info reports instead of the real one
+        self.pause: float = 0.0  # seconds a download stops halfway (a slow network)
+        self.requests: list[str] = []
+        HubServer.__init__(self)
 
     def downloads(self) -> list[str]:
         return [r.split(" ", 1)[1] for r in self.requests if r.startswith("GET ") and "/resolve/" in r]

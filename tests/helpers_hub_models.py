@@ -15,10 +15,11 @@ import base64
 import hashlib
 import json
 import os
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from helpers_hub import HubServer
 
 
 def write_model_repo(cache: Path, repo: str, commit: str, files: dict[str, bytes],
@@ -40,7 +41,7 @@ def write_model_repo(cache: Path, repo: str, commit: str, files: dict[str, bytes
     return root
 
 
-class FakeHub:
+class FakeHub(HubServer):
     """A local stand-in for the hub's HTTP API: repositories {repo: {"private", "commits": [(oid, files)]}}."""
 
     def __init__(self):
@@ -48,32 +49,7 @@ class FakeHub:
         self.requests: list[str] = []
         self.auth: list[str | None] = []
         self.fail: int | None = None  # an HTTP status to answer every request with (e.g. 401)
-        hub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_HEAD(self):
-                hub._handle(self, "HEAD")
-
-            def do_GET(self):
-                hub._handle(self, "GET")
-
-            def do_POST(self):
-                hub._handle(self, "POST")
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> FakeHub:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+        HubServer.__init__(self)
 
     def files(self, repo: str) -> dict[str, bytes]:
         """The repository's files at its last commit."""
