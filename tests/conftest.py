@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
@@ -60,3 +61,13 @@ def write_toy_data_dir(path: Path, model_bytes: bytes, n_train: int = 300, n_val
 @pytest.fixture()
 def toy_data_dir(tmp_path, toy_tokenizer_bytes) -> Path:
     return write_toy_data_dir(tmp_path / "data", toy_tokenizer_bytes)
+
+
+@pytest.fixture
+def one_thread():
+    """In-process translation with one torch thread (`pytestmark = pytest.mark.usefixtures("one_thread")`): the
+    models are tiny, and two threads on a busy 2-core machine spin against each other (several times slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -52,12 +52,17 @@ def corpus_files(spec: CorpusSpec, sizes: dict[str, int], seed: int = 3) -> dict
 
 def write_repo(cache: Path, repo: str, revision: str, files: dict[str, bytes]) -> Path:
     """Put `files` into a huggingface_hub cache at `revision`, as the client stores downloads."""
-    root = cache / ("datasets--" + repo.replace("/", "--"))
+    return write_snapshot(cache / ("datasets--" + repo.replace("/", "--")), revision, files)
+
+
+def write_snapshot(root: Path, commit: str, files: dict[str, bytes]) -> Path:
+    """The client's layout under a cached repository `root`: each file a blob named by its sha256, linked from
+    snapshots/COMMIT/NAME."""
     (root / "blobs").mkdir(parents=True, exist_ok=True)
     for name, body in files.items():
         blob = root / "blobs" / hashlib.sha256(body).hexdigest()
         blob.write_bytes(body)
-        link = root / "snapshots" / revision / name
+        link = root / "snapshots" / commit / name
         link.parent.mkdir(parents=True, exist_ok=True)
         if link.is_symlink() or link.exists():
             link.unlink()

@@ -14,27 +14,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from helpers_hub import HubServer
+from helpers_hub import HubServer, write_snapshot
 
 
 def write_model_repo(cache: Path, repo: str, commit: str, files: dict[str, bytes],
                      refs: tuple[str, ...] = ("main",)) -> Path:
     """Put `files` into the hub cache `cache` at `commit`; each name in `refs` (branches, tags) points to it."""
-    root = cache / ("models--" + repo.replace("/", "--"))
-    (root / "blobs").mkdir(parents=True, exist_ok=True)
-    for name, body in files.items():
-        blob = root / "blobs" / hashlib.sha256(body).hexdigest()
-        blob.write_bytes(body)
-        link = root / "snapshots" / commit / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        os.symlink(os.path.relpath(blob, link.parent), link)
+    root = write_snapshot(cache / ("models--" + repo.replace("/", "--")), commit, files)
     (root / "refs").mkdir(exist_ok=True)
     for ref in refs:
         (root / "refs" / ref).write_text(commit)

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import toy_pairs
 from helpers_export import train_tiny
@@ -20,16 +19,8 @@ from nmt_cli.translate import Translator
 ROOT = Path(__file__).resolve().parents[1]
 LINES = [p[0] for p in toy_pairs(12, seed=21)] + [""]
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """In-process translation with one torch thread: the models are tiny, and two threads on a busy 2-core machine
-    spin against each other (several times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, toy_tokenizer_bytes) -> Path:

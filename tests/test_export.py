@@ -32,16 +32,8 @@ from nmt_cli.export import huggingface as hf_export  # noqa: E402
 
 LINES = [p[0] for p in toy_pairs(60, seed=11)]
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """In-process translation with one torch thread: the models are tiny, and two threads on a busy 2-core machine
-    spin against each other (several times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 def run_nmt(*args, input=None, env=None, cwd=None):
     return subprocess.run([sys.executable, "-m", "nmt_cli.cli", *args], capture_output=True, text=True,

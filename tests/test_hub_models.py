@@ -23,16 +23,8 @@ from nmt_cli.translate import Translator
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 INPUT = "".join(p[0] + "\n" for p in toy_pairs(6, seed=9))
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """In-process translation with one torch thread: the models are tiny, and two threads on a busy 2-core machine
-    spin against each other (several times slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 def run_nmt(*args, env=None, input=INPUT):
     return subprocess.run([sys.executable, "-m", "nmt_cli.cli", *args], capture_output=True, text=True, input=input,
