@@ -12,12 +12,13 @@ encoder and the length filter see realistic input. Valid and test are the real n
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import re
 import shutil
 from pathlib import Path
+
+from nmt_cli.data.readers import sha256_file
 
 REVISION = "b199e406369ec1b7634206d3ded5ba45de2fe696"  # the revision nmt pins for wmt14 (nmt_cli.data.corpora)
 FOLDER = "de-en"
@@ -94,7 +95,7 @@ def write_cache(cache: Path, n_pairs: int, data: Path, seed: int = 1, batch: int
         files[f"{FOLDER}/{split}-00000-of-00001.parquet"] = tmp
     size = 0
     for name, tmp in files.items():  # blobs named by sha256, snapshot links: the client's own layout
-        sha = _sha256(tmp)
+        sha = sha256_file(tmp)
         blob = repo / "blobs" / sha
         shutil.move(tmp, blob)
         size += blob.stat().st_size
@@ -104,11 +105,3 @@ def write_cache(cache: Path, n_pairs: int, data: Path, seed: int = 1, batch: int
         os.symlink(os.path.relpath(blob, link.parent), link)
     return {"pairs": n_pairs, "parquet_bytes": size, "en_words_per_pair": words / max(n_pairs, 1),
             "distinct_base_pairs": len(base)}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()

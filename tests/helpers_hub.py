@@ -74,6 +74,8 @@ class HubServer:
     """A local HTTP server in a thread that hands every request to `self._handle(request, method)`; a `with`
     block runs it at `self.url` (the hub fakes of the tests derive from it)."""
 
+    pause: float = 0.0  # seconds a download stops halfway (a slow network)
+
     def __init__(self):
         hub = self
 
@@ -104,6 +106,19 @@ class HubServer:
 
     def _handle(self, request: BaseHTTPRequestHandler, method: str) -> None:
         raise NotImplementedError
+
+    def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict, method: str) -> None:
+        h.send_response(status)
+        for k, v in headers.items():
+            h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        if method != "HEAD":
+            half = len(body) // 2 if self.pause else len(body)
+            h.wfile.write(body[:half])
+            h.wfile.flush()
+            time.sleep(self.pause)
+            h.wfile.write(body[half:])
 
 
 class LocalHub(HubServer):
@@ -156,16 +171,3 @@ class LocalHub(HubServer):
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
             return self._reply(h, 206 if start else 200, data[start:], headers, method)
         return self._reply(h, 404, b"no such route", {}, method)
-
-    def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict, method: str) -> None:
-        h.send_response(status)
-        for k, v in headers.items():
-            h.send_header(k, v)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        if method != "HEAD":
-            half = len(body) // 2 if self.pause else len(body)
-            h.wfile.write(body[:half])
-            h.wfile.flush()
-            time.sleep(self.pause)
-            h.wfile.write(body[half:])

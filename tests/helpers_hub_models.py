@@ -105,12 +105,3 @@ class FakeHub(HubServer):
 
     def _json(self, h, data: dict, method: str) -> None:
         self._reply(h, 200, json.dumps(data).encode(), {"Content-Type": "application/json"}, method)
-
-    def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict, method: str) -> None:
-        h.send_response(status)
-        for k, v in headers.items():
-            h.send_header(k, v)
-        h.send_header("Content-Length", str(len(body)))
-        h.end_headers()
-        if method != "HEAD":
-            h.wfile.write(body)
