@@ -326,6 +326,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
              (("nmt", "fp16"), ("ct2", "float16")), (("nmt", "fp16-top"), ("ct2", "float16")),
              (("nmt", "fp32"), ("nmt", "fp16")),
              (("nmt", "fp32"), ("nmt", "fp32-top")), (("nmt", "fp32"), ("nmt", "bf16")),
+             (("nmt", "fp32"), ("nmt", "int8")), (("nmt", "int8"), ("ct2", "int8")),
+             (("nmt", "int8-top"), ("ct2", "int8")),
              (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32"))]
     for p, q in pairs:
         if p in have and q in have:

@@ -343,6 +343,7 @@ class Transformer(nn.Module):
         self.decoder_layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.decoder_layers))
         self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+        self.output_layer: nn.Module | None = None  # replaces the output projection (int8.py); None: the weights
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -405,6 +406,8 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.length += tgt.size(1)
         x = self.decoder_norm(x)
+        if self.output_layer is not None:
+            return self.output_layer(x)
         weight = self.out_proj.weight if hasattr(self, "out_proj") else self.embed.weight
         return F.linear(x, weight)  # [B, T, V]
 

@@ -32,7 +32,8 @@ from nmt_cli.training import checkpoints as training_ckpts
 from nmt_cli.training.runtime import cpu_has_fast_bf16, gpu_has_native_bf16
 
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# int8: float32 model whose linear layers and output projection run as int8 products (int8.py; CPU only).
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 # Batch size by padded source tokens when not given: on CPU, batches that keep the [beam x rows, vocabulary]
 # step tensors small are faster (bench/translate.py, small model, 1 thread: 2000 ~ 1000 > 6000 by ~20%).
 DEFAULT_MAX_TOKENS = {"cpu": 2000, "cuda": 6000}
@@ -140,6 +141,8 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
         raise DeviceError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if precision == "fp16" and device.type == "cpu":
         raise DeviceError("fp16 is for GPUs; on CPU use --precision bf16 (fast on CPUs with AMX/AVX512-BF16) or fp32")
+    if precision == "int8" and device.type != "cpu":
+        raise DeviceError("--precision int8 is for CPUs; on a GPU use --precision fp16 or bf16")
     return PRECISIONS[precision]
 
 
@@ -237,6 +240,10 @@ class Translator:
                                    "and slow here; use --precision fp16")
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
+        if precision == "int8":
+            from nmt_cli.int8 import quantize_int8
+
+            models = [quantize_int8(m) for m in models]
         self.model = models[0] if len(models) == 1 else Ensemble(models)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)

@@ -47,6 +47,7 @@ class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+    int8 = "int8"
 
 
 class LengthPenalty(str, Enum):
@@ -152,7 +153,8 @@ def register(app: typer.Typer) -> None:
         precision: Precision = typer.Option(
             Precision.fp32, "--precision", rich_help_panel=_MACHINE,
             help="Model precision; bf16 is fast on CPUs with AMX or AVX512-BF16 and on GPUs of compute capability "
-                 "8.0 or later; fp16 is for GPUs only."
+                 "8.0 or later; fp16 is for GPUs only; int8 (CPU only: int8 linear layers, as CTranslate2's int8) "
+                 "is the fastest on CPUs without them."
         ),
         threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
                                     show_default="one per core", help="CPU threads."),

@@ -1,0 +1,77 @@
+"""`--precision int8`: int8 linear layers (int8.py) agree with float32, and the whole path translates."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from helpers_translate import make_checkpoint, tiny_config
+from nmt_cli import int8 as int8_module
+from nmt_cli.errors import DeviceError
+from nmt_cli.int8 import Int8Linear, quantize_int8
+from nmt_cli.model import Transformer
+from nmt_cli.search import SearchConfig
+from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints, resolve_dtype
+
+pytestmark = pytest.mark.skipif(not int8_module.int8_available(), reason="this torch build has no FBGEMM")
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_int8_linear_matches_float_linear(bias):
+    torch.manual_seed(0)
+    dense = nn.Linear(64, 96, bias=bias)
+    quantized = Int8Linear(dense.weight, dense.bias)
+    with torch.inference_mode():
+        for shape in [(37, 64), (2, 5, 64), (1, 64)]:
+            x = torch.randn(*shape)
+            y, yq = dense(x), quantized(x)
+            assert yq.shape == y.shape and yq.dtype == torch.float32
+            assert relative_error(yq, y) < 0.02  # 8-bit weights, 7-bit activations: ~1% error on random data
+        if bias:  # a zero input gives exactly the bias
+            assert torch.allclose(quantized(torch.zeros(3, 64)), dense.bias.expand(3, 96), atol=1e-6)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_quantized_transformer_gives_the_float_distribution(share):
+    torch.manual_seed(1)
+    model = Transformer(tiny_config(50, share_embeddings=share)).eval()
+    src = torch.randint(4, 50, (3, 7))
+    tgt = torch.randint(4, 50, (3, 5))
+    with torch.inference_mode():
+        reference = model(src, tgt).log_softmax(-1)
+        quantize_int8(model)
+        got = model(src, tgt).log_softmax(-1)
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert isinstance(model.output_layer, Int8Linear)
+    assert (got - reference).abs().max() < 0.25  # log-probabilities of a 50-token vocabulary (~ -3.9 each)
+    assert relative_error(got.exp(), reference.exp()) < 0.05
+
+
+def test_int8_translator_and_cli(tmp_path, toy_tokenizer_bytes):
+    path = make_checkpoint(tmp_path / "model.pt", toy_tokenizer_bytes, seed=0)
+    other = make_checkpoint(tmp_path / "other.pt", toy_tokenizer_bytes, seed=3, share_embeddings=False)
+    cfg = TranslateConfig(search=SearchConfig(beam=4, max_len_a=1.0, max_len_b=4))
+    for checkpoints in ([path], [path, other]):  # one model, and an ensemble
+        out = Translator(load_checkpoints(checkpoints), "cpu", "int8", cfg).translate(["the cat", "", "a dog"])
+        assert len(out) == 3 and out[1][0].text == ""
+    run = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(path), "--precision", "int8",
+                          "--max-len-b", "4"], input=b"the cat\nold man\n", capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    assert len(run.stdout.decode().splitlines()) == 2
+    assert b"deprecated" not in run.stderr
+
+
+def test_int8_errors(monkeypatch):
+    with pytest.raises(DeviceError, match="CPUs"):
+        resolve_dtype("int8", torch.device("cuda"))
+    monkeypatch.setattr(int8_module, "int8_available", lambda: False)
+    with pytest.raises(DeviceError, match="FBGEMM"):
+        quantize_int8(Transformer(tiny_config(50)))
