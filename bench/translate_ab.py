@@ -1,10 +1,10 @@
 """Before/after speed of `nmt translate` (the default path) against an older commit, alternated in one run.
 
     python bench/translate_ab.py --old 4165a04 --model runs/m30k/run/checkpoint_last.pt \
-        --input runs/m30k/data/raw/test.en [--rounds 3] [--threads 2]
+        --input runs/m30k/data/raw/test.en [--rounds 3] [--threads 2] [--options "--precision int8 --stop top"]
 
 Each round runs the real CLI with the old source tree (`git archive OLD src` first on PYTHONPATH) and with this
-checkout's, default options (beam 4, GNMT length penalty, --stop beam), and prints the wall time with start-up
+checkout's, default options (beam 4, GNMT length penalty, --stop beam) or those of --options, and prints the wall time with start-up
 and sentences/s; the outputs of the two are compared line by line.
 """
 
@@ -22,7 +22,8 @@ from train_ab import ROOT, old_tree
 
 
 def run_once(src: Path, args) -> tuple[float, bytes]:
-    cmd = [sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(args.model), "--threads", str(args.threads)]
+    cmd = [sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(args.model), "--threads", str(args.threads),
+           *args.options.split()]
     with open(args.input, "rb") as f:
         start = time.perf_counter()
         out = subprocess.run(cmd, stdin=f, capture_output=True, check=True,
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--input", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--options", default="", help="Extra `nmt translate` options for both trees.")
     args = ap.parse_args()
     lines = len(args.input.read_bytes().splitlines())
     with tempfile.TemporaryDirectory() as tmp:

@@ -75,3 +75,13 @@ def test_int8_errors(monkeypatch):
     monkeypatch.setattr(int8_module, "int8_available", lambda: False)
     with pytest.raises(DeviceError, match="FBGEMM"):
         quantize_int8(Transformer(tiny_config(50)))
+
+
+def test_int8_linear_fuses_relu():
+    torch.manual_seed(2)
+    dense = nn.Linear(64, 128)
+    with torch.inference_mode():
+        x = torch.randn(9, 64)
+        fused = Int8Linear(dense.weight, dense.bias, relu=True)(x)
+        assert fused.min() == 0.0
+        torch.testing.assert_close(fused, torch.relu(Int8Linear(dense.weight, dense.bias)(x)))

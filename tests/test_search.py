@@ -299,3 +299,20 @@ def test_beam_search_with_block_topk_equals_plain_topk(monkeypatch):
     monkeypatch.setattr(search_module, "_block_size", lambda width, k: None)
     plain = beam_search(model, src, src == PAD_ID, cfg)
     assert [[h.tokens for h in hs] for hs in blocked] == [[h.tokens for h in hs] for hs in plain]
+
+
+@pytest.mark.parametrize("width", [8000, 997])  # blocks of 64; 997 (prime): each beam's own topk
+def test_candidates_are_the_best_over_beams_times_vocabulary(width):
+    g = torch.Generator().manual_seed(width)
+    state = search_module._BeamState(5, 4, 3, torch.full((5,), 3), "cpu")
+    state.scores = torch.randn(5, 4, generator=g) * 3
+    state.scores[0, 1:] = float("-inf")  # a sentence at its first step: one live beam
+    lprobs = torch.randn(20, width, generator=g).log_softmax(-1)
+    lprobs[4:8, 100] = 5.0  # one token far ahead in every beam of sentence 1
+    scores, beams, tokens = search_module._candidates(state, lprobs)
+    total = (lprobs.view(5, 4, width) + state.scores.unsqueeze(2)).view(5, -1)
+    want, _ = total.topk(8, dim=1)
+    torch.testing.assert_close(scores, want)
+    rows = torch.arange(5).unsqueeze(1) * 4 + beams
+    torch.testing.assert_close(lprobs[rows, tokens] + state.scores.gather(1, beams), scores)
+    assert all(len(set(zip(b, t))) == 8 for b, t in zip(beams.tolist(), tokens.tolist()))

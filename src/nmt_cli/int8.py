@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import DeviceError
+from nmt_cli.model import FeedForward
 
 
 def int8_available() -> bool:
@@ -32,10 +33,12 @@ def int8_available() -> bool:
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T + b with W in int8 (per-row scales) and x quantized to 7-bit unsigned integers on each call."""
+    """y = x W^T + b with W in int8 (per-row scales) and x quantized to 7-bit unsigned integers on each call;
+    `relu`: max(0, y) in the same pass."""
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None):
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, relu: bool = False):
         super().__init__()
+        self.relu = relu
         weight = weight.detach().float().cpu()
         self.in_features, self.out_features = weight.size(1), weight.size(0)
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-8).double()  # [out]
@@ -48,17 +51,18 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-1]
-        y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features).float().contiguous(), self._packed,
-                                               True)  # reduce_range: 7-bit activations
+        op = torch.ops.quantized.linear_relu_dynamic if self.relu else torch.ops.quantized.linear_dynamic
+        y = op(x.reshape(-1, self.in_features).float().contiguous(), self._packed, True)  # True: 7-bit activations
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8" + (", relu" if self.relu else "")
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
-    """Replace every nn.Linear of `model` (a float32 Transformer on CPU) by an Int8Linear, and give it an int8 output
-    projection (`model.output_layer`, used by `Transformer.decode`). In place; returns the model."""
+    """Replace every nn.Linear of `model` (a float32 Transformer on CPU) by an Int8Linear (the feed-forward ReLU fused
+    into the first), and give it an int8 output projection (`model.output_layer`, used by `Transformer.decode`).
+    In place; returns the model."""
     if not int8_available():
         raise DeviceError("--precision int8 needs a torch build with FBGEMM (x86 CPUs); use --precision fp32")
     if any(p.device.type != "cpu" for p in model.parameters()):
@@ -66,6 +70,8 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     untied = getattr(model, "out_proj", None)
     output_weight = untied.weight if untied is not None else model.embed.weight
     with torch.no_grad():
+        for ffn in [m for m in model.modules() if isinstance(m, FeedForward) and isinstance(m.activation, nn.ReLU)]:
+            ffn.fc1, ffn.activation = Int8Linear(ffn.fc1.weight, ffn.fc1.bias, relu=True), nn.Identity()
         for module in list(model.modules()):
             for name, child in list(module.named_children()):
                 if type(child) is nn.Linear:

@@ -274,10 +274,11 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.activation: nn.Module = nn.ReLU()  # int8.py fuses it into fc1 and makes this an Identity
         self.dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.dropout(self.activation(self.fc1(x))))
 
 
 class Sublayer(nn.Module):

@@ -341,14 +341,32 @@ def topk_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 def _candidates(state: _BeamState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] -> scores, beams, tokens, each [N, 2K].
 
-    Each beam's 2K best tokens, plus the beam's score, are the only candidates (the 2K best over K x V are among
-    them), so the full [N*K, V] matrix is never added to or sorted."""
-    k2 = 2 * state.beam
-    row_scores, row_tokens = topk_rows(lprobs, k2)  # [N*K, 2K']
-    total = row_scores.add_(state.scores.view(-1, 1)).view(state.n, -1)  # [N, K*2K']
-    top_scores, top_idx = total.topk(min(k2, total.size(1)), dim=1)  # [N, 2K]
-    width = row_scores.size(1)
-    return top_scores, torch.div(top_idx, width, rounding_mode="floor"), row_tokens.view(state.n, -1).gather(1, top_idx)
+    The full [N*K, V] matrix is never added to or sorted. On CPU the vocabulary is cut into blocks (`topk_rows`'
+    argument, per sentence): the 2K best candidates lie in the 2K (beam, block) pairs whose block maximum plus the
+    beam's score is highest, so one max over blocks, a topk over K x blocks and a topk over 2K blocks per sentence
+    do the work. Otherwise each beam's 2K best tokens, plus the beam's score, are the only candidates."""
+    k, k2 = state.beam, 2 * state.beam
+    n, width = state.n, lprobs.size(1)
+    block = _block_size(width, k2) if lprobs.device.type == "cpu" and width >= 16 * k2 else None
+    if block is None:
+        row_scores, row_tokens = topk_rows(lprobs, k2)  # [N*K, 2K']
+        total = row_scores.add_(state.scores.view(-1, 1)).view(n, -1)  # [N, K*2K']
+        top_scores, top_idx = total.topk(min(k2, total.size(1)), dim=1)  # [N, 2K]
+        per_row = row_scores.size(1)
+        return (top_scores, torch.div(top_idx, per_row, rounding_mode="floor"),
+                row_tokens.view(n, -1).gather(1, top_idx))
+    blocks = width // block
+    beam_scores = state.scores.view(-1, 1)  # [N*K, 1]
+    maxima = lprobs.view(n * k, blocks, block).amax(dim=2).add_(beam_scores)  # [N*K, blocks]
+    best = maxima.view(n, k * blocks).topk(k2, dim=1).indices  # [N, 2K] over (beam, block)
+    rows = torch.div(best, blocks, rounding_mode="floor") + torch.arange(n, device=lprobs.device).unsqueeze(1) * k
+    picked = rows * blocks + best % blocks  # [N, 2K] index into the [N*K*blocks, block] view
+    values = lprobs.view(-1, block).index_select(0, picked.view(-1)).view(n, k2, block)
+    values = values.add_(beam_scores.view(-1)[rows].unsqueeze(2)).view(n, -1)  # [N, 2K*block]
+    top_scores, top_idx = values.topk(k2, dim=1)  # [N, 2K]
+    which = torch.div(top_idx, block, rounding_mode="floor")  # the chosen pair of each candidate
+    tokens = (best % blocks).gather(1, which) * block + top_idx % block
+    return top_scores, rows.gather(1, which) - torch.arange(n, device=lprobs.device).unsqueeze(1) * k, tokens
 
 
 def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, cfg: SearchConfig) -> Tensor:
