@@ -35,9 +35,12 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
 class LayerCache:
     """Keys/values of one decoder layer for incremental decoding.
 
-    Self-attention: a preallocated buffer `kv` [2, R, H, capacity, K] (keys, values) of which positions
-    [0, length) are filled; each step writes its new positions in place (no O(T^2) concatenation), and a reorder
-    gathers the filled part into a second buffer of the same size (double buffering: no allocation per step).
+    Self-attention: keys and values in one tensor `kv` [2, R, H, extent, K] of which positions [0, length) are
+    filled, a view of one of two flat buffers (no allocation per step). A step writes its new positions in place. A
+    reorder (every beam search step) gathers the filled positions into the other buffer, laid out with room for
+    exactly one more position: after the next step's write the keys and values are contiguous, and attention over
+    them runs up to 2x faster on CPU than over a slice of a larger buffer. A write that finds no room (greedy
+    search, several positions at once) lays the cache out again with room for twice its length.
     Encoder-decoder: `cross_k`/`cross_v` [N, H, S, K] are stored once per sentence and shared by its `beams`
     consecutive rows (R = N x beams, sentence-major); cross-attention folds the beams into the query dimension.
     """
@@ -45,9 +48,9 @@ class LayerCache:
     def __init__(self, cross_k: Tensor, cross_v: Tensor, beams: int = 1):
         self.cross_k, self.cross_v = cross_k, cross_v  # [N, H, S, K]
         self.beams = beams
-        self.kv: Tensor | None = None  # [2, R, H, capacity, K], a view of one of `_buffers`
+        self.kv: Tensor | None = None  # [2, R, H, extent, K], a view of one of `_flat`
         self.length = 0
-        self._buffers: list[Tensor] = []  # the two backing buffers [2, R_max, H, capacity, K]
+        self._flat: list[Tensor | None] = [None, None]  # the two backing buffers, 1-D
 
     @property
     def self_k(self) -> Tensor | None:  # [R, H, length, K]
@@ -57,30 +60,35 @@ class LayerCache:
     def self_v(self) -> Tensor | None:  # [R, H, length, K]
         return None if self.kv is None else self.kv[1, :, :, : self.length]
 
+    def _spare_layout(self, rows: int, heads: int, extent: int, d_k: int) -> Tensor:
+        """A [2, rows, heads, extent, K] view of the buffer that does not back `kv` (grown when too small)."""
+        which = 1 if self.kv is not None and self._flat[0] is not None and \
+            self.kv.data_ptr() == self._flat[0].data_ptr() else 0
+        need = 2 * rows * heads * extent * d_k
+        flat = self._flat[which]
+        if flat is None or flat.numel() < need:
+            flat = self._flat[which] = self.cross_k.new_empty(need + need // 4)  # room to grow a few steps
+        return flat[:need].view(2, rows, heads, extent, d_k)
+
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write new keys/values k, v [R, H, T, K] after the cached ones -> all keys, values [R, H, length, K]."""
         end = self.length + k.size(2)
-        if self.kv is None or end > self.kv.size(3):  # first step, or full: (re)allocate with doubled capacity
-            capacity = max(16, end, 2 * (0 if self.kv is None else self.kv.size(3)))
-            self._buffers = [k.new_empty(2, k.size(0), k.size(1), capacity, k.size(3), dtype=self.cross_k.dtype)
-                             for _ in range(2)]
+        if self.kv is None or end > self.kv.size(3):  # first step, or full: lay out again with room to grow
+            grown = self._spare_layout(k.size(0), k.size(1), max(16, 2 * end), k.size(3))
             if self.kv is not None:
-                self._buffers[0][:, :, :, : self.length] = self.kv[:, :, :, : self.length]
-            self.kv = self._buffers[0]
+                grown[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+            self.kv = grown
         self.kv[0, :, :, self.length : end] = k
         self.kv[1, :, :, self.length : end] = v
         self.length = end
         return self.self_k, self.self_v
 
     def reorder_self(self, index: Tensor) -> None:
-        """Keep self-attention rows `index` [R'] (gathered into the spare buffer, which becomes the current one)."""
+        """Keep self-attention rows `index` [R'], gathered into the spare buffer with room for one more position."""
         if self.kv is None:
             return
-        spare = 1 if self.kv.data_ptr() == self._buffers[0].data_ptr() else 0
-        rows = index.numel()
-        if rows > self._buffers[spare].size(1):
-            self._buffers[spare] = self.kv.new_empty(2, rows, *self.kv.shape[2:])
-        target = self._buffers[spare][:, :rows]
+        _, _, heads, _, d_k = self.kv.shape
+        target = self._spare_layout(index.numel(), heads, self.length + 1, d_k)
         filled, out = self.kv[:, :, :, : self.length], target[:, :, :, : self.length]
         if filled.requires_grad:  # (autograd does not support out=)
             out.copy_(filled.index_select(1, index))
