@@ -315,4 +315,4 @@ def test_candidates_are_the_best_over_beams_times_vocabulary(width):
     torch.testing.assert_close(scores, want)
     rows = torch.arange(5).unsqueeze(1) * 4 + beams
     torch.testing.assert_close(lprobs[rows, tokens] + state.scores.gather(1, beams), scores)
-    assert all(len(set(zip(b, t))) == 8 for b, t in zip(beams.tolist(), tokens.tolist()))
+    assert all(len(set(zip(b, t, strict=True))) == 8 for b, t in zip(beams.tolist(), tokens.tolist(), strict=True))

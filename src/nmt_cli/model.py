@@ -70,16 +70,16 @@ class LayerCache:
             flat = self._flat[which] = self.cross_k.new_empty(need + need // 4)  # room to grow a few steps
         return flat[:need].view(2, rows, heads, extent, d_k)
 
-    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write new keys/values k, v [R, H, T, K] after the cached ones -> all keys, values [R, H, length, K]."""
-        end = self.length + k.size(2)
+    def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Write new keys and values kv [2, R, H, T, K] after the cached ones -> all keys, values [R, H, length, K]."""
+        _, rows, heads, new, d_k = kv.shape
+        end = self.length + new
         if self.kv is None or end > self.kv.size(3):  # first step, or full: lay out again with room to grow
-            grown = self._spare_layout(k.size(0), k.size(1), max(16, 2 * end), k.size(3))
+            grown = self._spare_layout(rows, heads, max(16, 2 * end), d_k)
             if self.kv is not None:
                 grown[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
             self.kv = grown
-        self.kv[0, :, :, self.length : end] = k
-        self.kv[1, :, :, self.length : end] = v
+        self.kv.narrow(3, self.length, new).copy_(kv)
         self.length = end
         return self.self_k, self.self_v
 
@@ -239,9 +239,11 @@ class MultiHeadAttention(nn.Module):
         cache: LayerCache | None = None,
     ) -> Tensor:
         if self.self_attention:
-            q, k, v = (self._split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))  # [B, H, T, K] each
+            qkv = self.qkv_proj(x)  # [B, T, 3D]
             if cache is not None:
-                k, v = cache.append(k, v)
+                b, t, d = x.shape
+                q = self._split(qkv[..., :d])
+                k, v = cache.append(qkv[..., d:].view(b, t, 2, self.h, self.d_k).permute(2, 0, 3, 1, 4))  # (k, v)
                 # New queries are the latest positions: they may see every cached key, and among the new
                 # ones only earlier positions (a causal mask aligned to the bottom-right).
                 if q.size(2) > 1:
@@ -252,6 +254,8 @@ class MultiHeadAttention(nn.Module):
                     b, _, t, _ = out.shape
                     return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
                 is_causal = False
+            else:
+                q, k, v = (self._split(y) for y in qkv.chunk(3, dim=-1))  # [B, H, T, K] each
         elif cache is not None:
             return self._cross_cached(x, mask, cache)
         else:
@@ -388,10 +392,11 @@ class Transformer(nn.Module):
         """Project the encoder output once per layer for incremental decoding. memory [B, S, D]."""
         layers = []
         for layer in self.decoder_layers:
-            k, v = layer.cross_attn.project_kv(memory)
+            k, v = layer.cross_attn.project_kv(memory)  # (slices of one projection)
             if memory.device.type == "cpu":  # attention over the cache runs in float32 there (decode_attention)
                 k, v = k.float(), v.float()
-            layers.append(LayerCache(k, v))
+            # contiguous once here, or every step's batched product over [N x H] copies them
+            layers.append(LayerCache(k.contiguous(), v.contiguous()))
         return DecoderCache(layers, src_pad_mask, 0)
 
     def decode(

@@ -386,16 +386,19 @@ def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: 
     rows = where[:, 0] * k + beams[where[:, 0], where[:, 1]]
     prefixes = state.tokens[rows, 1 : t + 1].tolist()
     lp_sums = scores[where[:, 0], where[:, 1]].tolist()
+    sentence = state.sentence.tolist()  # (plain Python from here: one tensor op per hypothesis would dominate)
+    now_done = []
     for (n, _), prefix, lp_sum in zip(where.tolist(), prefixes, lp_sums, strict=True):
-        finished = state.finished[int(state.sentence[n])]
+        finished = state.finished[sentence[n]]
         if len(finished) < k:
             finished.append(Hypothesis(prefix, lp_sum / penalty, lp_sum))
             if len(finished) == k:
-                done[n] = True
+                now_done.append(n)
     if cfg.stop == "top":
-        for n in state.top_ended.nonzero().squeeze(1).tolist():
-            if len(state.finished[int(state.sentence[n])]) >= cfg.nbest:
-                done[n] = True
+        now_done += [n for n in state.top_ended.nonzero().squeeze(1).tolist()
+                     if len(state.finished[sentence[n]]) >= cfg.nbest]
+    if now_done:
+        done[now_done] = True
     return done
 
 
