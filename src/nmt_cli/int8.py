@@ -48,12 +48,12 @@ class Int8Linear(nn.Module):
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         bias = None if bias is None else bias.detach().float().cpu()
         self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        # the resolved overload: calling the op packet checks its arguments in Python first (~10 us a call)
+        self._op = (torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic).default
 
     def forward(self, x: Tensor) -> Tensor:
-        lead = x.shape[:-1]
-        op = torch.ops.quantized.linear_relu_dynamic if self.relu else torch.ops.quantized.linear_dynamic
-        y = op(x.reshape(-1, self.in_features).float().contiguous(), self._packed, True)  # True: 7-bit activations
-        return y.view(*lead, self.out_features)
+        y = self._op(x.reshape(-1, self.in_features).float().contiguous(), self._packed, True)  # True: 7-bit inputs
+        return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8" + (", relu" if self.relu else "")
