@@ -51,6 +51,7 @@ class LayerCache:
         self.kv: Tensor | None = None  # [2, R, H, extent, K], a view of one of `_flat`
         self.length = 0
         self._flat: list[Tensor | None] = [None, None]  # the two backing buffers, 1-D
+        self._in_use = 0  # which of them backs `kv`
 
     @property
     def self_k(self) -> Tensor | None:  # [R, H, length, K]
@@ -61,14 +62,13 @@ class LayerCache:
         return None if self.kv is None else self.kv[1, :, :, : self.length]
 
     def _spare_layout(self, rows: int, heads: int, extent: int, d_k: int) -> Tensor:
-        """A [2, rows, heads, extent, K] view of the buffer that does not back `kv` (grown when too small)."""
-        which = 1 if self.kv is not None and self._flat[0] is not None and \
-            self.kv.data_ptr() == self._flat[0].data_ptr() else 0
+        """A [2, rows, heads, extent, K] view of the buffer not backing `kv` (grown when too small); the caller
+        fills it and makes it `kv`."""
+        self._in_use = spare = 1 - self._in_use
         need = 2 * rows * heads * extent * d_k
-        flat = self._flat[which]
-        if flat is None or flat.numel() < need:
-            flat = self._flat[which] = self.cross_k.new_empty(need + need // 4)  # room to grow a few steps
-        return flat[:need].view(2, rows, heads, extent, d_k)
+        if self._flat[spare] is None or self._flat[spare].numel() < need:
+            self._flat[spare] = self.cross_k.new_empty(need + need // 4)  # room to grow a few steps
+        return self._flat[spare][:need].view(2, rows, heads, extent, d_k)
 
     def append(self, kv: Tensor) -> tuple[Tensor, Tensor]:
         """Write new keys and values kv [2, R, H, T, K] after the cached ones -> all keys, values [R, H, length, K]."""
