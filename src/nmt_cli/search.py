@@ -345,14 +345,15 @@ def _candidates(state: _BeamState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tens
     beam_scores = state.scores.view(-1, 1)  # [N*K, 1]
     maxima = lprobs.view(n * k, blocks, block).amax(dim=2).add_(beam_scores)  # [N*K, blocks]
     best = maxima.view(n, k * blocks).topk(k2, dim=1).indices  # [N, 2K] over (beam, block)
-    rows = torch.div(best, blocks, rounding_mode="floor") + torch.arange(n, device=lprobs.device).unsqueeze(1) * k
+    first_row = torch.arange(n, device=lprobs.device).unsqueeze(1) * k  # [N, 1] each sentence's first row
+    rows = torch.div(best, blocks, rounding_mode="floor") + first_row
     picked = rows * blocks + best % blocks  # [N, 2K] index into the [N*K*blocks, block] view
     values = lprobs.view(-1, block).index_select(0, picked.view(-1)).view(n, k2, block)
     values = values.add_(beam_scores.view(-1)[rows].unsqueeze(2)).view(n, -1)  # [N, 2K*block]
     top_scores, top_idx = values.topk(k2, dim=1)  # [N, 2K]
     which = torch.div(top_idx, block, rounding_mode="floor")  # the chosen pair of each candidate
     tokens = (best % blocks).gather(1, which) * block + top_idx % block
-    return top_scores, rows.gather(1, which) - torch.arange(n, device=lprobs.device).unsqueeze(1) * k, tokens
+    return top_scores, rows.gather(1, which) - first_row, tokens
 
 
 def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, cfg: SearchConfig) -> Tensor:
