@@ -279,6 +279,22 @@ class MultiHeadAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)
         return self.out_proj(out.transpose(1, 2).reshape(rows, t, d))
 
+    def step_self(self, x: Tensor, cache: LayerCache) -> Tensor:
+        """Self-attention of one new position per row, x [R, D] -> [R, D], on CPU (see DecoderLayer.step)."""
+        rows, d = x.shape
+        qkv = self.qkv_proj.forward(x)  # [R, 3D]
+        k, v = cache.append(qkv[:, d:].view(rows, 2, self.h, 1, self.d_k).transpose(0, 1))  # [R, H, length, K]
+        q = qkv[:, :d].view(rows, self.h, 1, self.d_k)
+        return self.out_proj.forward(decode_attention(q, k, v).view(rows, d))
+
+    def step_cross(self, x: Tensor, cache: LayerCache, mask: Tensor | None) -> Tensor:
+        """Encoder-decoder attention of one new position per row, x [R, D] -> [R, D], on CPU; mask [N, 1, 1, S]."""
+        rows, d = x.shape
+        n = cache.cross_k.size(0)
+        q = self.q_proj.forward(x).view(n, rows // n, self.h, self.d_k).transpose(1, 2)  # [N, H, beams, K]
+        out = decode_attention(q, cache.cross_k, cache.cross_v, mask)
+        return self.out_proj.forward(out.transpose(1, 2).reshape(rows, d))
+
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2."""
@@ -291,6 +307,9 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(self.dropout(self.activation(self.fc1(x))))
+
+    def step(self, x: Tensor) -> Tensor:  # forward() in eval mode, without module calls
+        return self.fc2.forward(self.activation.forward(self.fc1.forward(x)))
 
 
 class Sublayer(nn.Module):
@@ -306,6 +325,11 @@ class Sublayer(nn.Module):
         if self.norm_first:
             return x + self.dropout(fn(self.norm(x)))
         return self.norm(x + self.dropout(fn(x)))
+
+    def step(self, x: Tensor, fn) -> Tensor:  # forward() in eval mode, without module calls
+        if self.norm_first:
+            return x + fn(self.norm.forward(x))
+        return self.norm.forward(x + fn(x))
 
 
 class EncoderLayer(nn.Module):
@@ -337,6 +361,15 @@ class DecoderLayer(nn.Module):
         x = self.sub1(x, lambda y: self.self_attn(y, is_causal=cache is None, cache=cache))
         x = self.sub2(x, lambda y: self.cross_attn(y, mask=memory_mask, memory=memory, cache=cache))
         return self.sub3(x, self.ffn)
+
+    def step(self, x: Tensor, cache: LayerCache, memory_mask: Tensor | None) -> Tensor:
+        """forward() for one new position per row, x [R, D] -> [R, D], in eval mode on CPU: the same arithmetic
+        with 2-D rows, no module calls and no dropout. A step of a small model is ~100 small tensor operations
+        whose Python cost rivals their arithmetic; this path makes CPU decoding ~10% faster (docs/results.md).
+        (It calls the submodules' `forward` directly, so forward hooks on them do not run here.)"""
+        x = self.sub1.step(x, lambda y: self.self_attn.step_self(y, cache))
+        x = self.sub2.step(x, lambda y: self.cross_attn.step_cross(y, cache, memory_mask))
+        return self.sub3.step(x, self.ffn.step)
 
 
 class Transformer(nn.Module):
@@ -412,6 +445,8 @@ class Transformer(nn.Module):
         With a cache from `init_cache()`, `tgt` holds only the new positions and the cache is extended.
         """
         target_embed = getattr(self, "tgt_embed", self.embed)
+        if cache is not None and tgt.size(1) == 1 and tgt.device.type == "cpu" and not self.training:
+            return self._step(tgt[:, 0], target_embed, cache).unsqueeze(1)
         offset = cache.length if cache is not None else 0
         x = self._embed(tgt, target_embed, offset)
         mask = _attn_mask(cache.src_pad_mask if cache is not None else src_pad_mask)
@@ -419,11 +454,23 @@ class Transformer(nn.Module):
             x = layer(x, memory, mask, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.length += tgt.size(1)
-        x = self.decoder_norm(x)
+        return self._output(self.decoder_norm(x))  # [B, T, V]
+
+    def _step(self, tokens: Tensor, target_embed: nn.Embedding, cache: DecoderCache) -> Tensor:
+        """decode() of one new position per row on CPU in eval mode (DecoderLayer.step): tokens [R] -> logits [R, V]."""
+        x = self._embed(tokens.unsqueeze(1), target_embed, cache.length)[:, 0]  # [R, D]
+        mask = _attn_mask(cache.src_pad_mask)
+        for layer, layer_cache in zip(self.decoder_layers, cache.layers, strict=True):
+            x = layer.step(x, layer_cache, mask)
+        cache.length += 1
+        return self._output(self.decoder_norm.forward(x))
+
+    def _output(self, x: Tensor) -> Tensor:
+        """The output projection: [..., D] -> logits [..., V]."""
         if self.output_layer is not None:
-            return self.output_layer(x)
+            return self.output_layer.forward(x)
         weight = self.out_proj.weight if hasattr(self, "out_proj") else self.embed.weight
-        return F.linear(x, weight)  # [B, T, V]
+        return F.linear(x, weight)
 
     def forward(self, src: Tensor, tgt: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         """Teacher-forced logits [B, T, V] for source [B, S] and shifted target input [B, T]."""
