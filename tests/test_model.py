@@ -137,6 +137,30 @@ def test_beams_share_encoder_keys_and_equal_full_forward():
     torch.testing.assert_close(step[:, 0], model(src[srows], hist[:, :6], mask[srows])[:, 5], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("norm_first, share", [(False, True), (True, False)])
+def test_one_position_step_equals_the_module_path(norm_first, share):
+    """decode() of one new position in eval mode on CPU takes DecoderLayer.step (no module calls, so forward hooks
+    stay silent); in train mode it takes the modules. Without dropout both give the same logits and caches."""
+    model = tiny_model(norm_first=norm_first, share_embeddings=share, dropout=0.0)
+    src, tgt = batch(b=3, t=5)
+    src[2, 4:] = 0
+    mask = src.eq(0)
+    calls = []
+    model.decoder_layers[0].ffn.register_forward_hook(lambda *args: calls.append(1))
+    outs = {}
+    with torch.no_grad():
+        for mode in ("eval", "train"):
+            getattr(model, mode)()
+            cache = model.init_cache(model.encode(src, mask), mask)
+            cache.repeat_beams(2)
+            first = _steps(model, cache, tgt[:, :3].repeat_interleave(2, 0))
+            cache.reorder(torch.tensor([1, 1, 4, 5]))  # a beam moves, a sentence leaves
+            outs[mode] = (first, _steps(model, cache, tgt[[0, 0, 2, 2], 3:]), cache.layers[-1].self_k)
+            assert len(calls) == (0 if mode == "eval" else 5)
+    for got, want in zip(outs["eval"], outs["train"], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
 def test_positional_encoding_equals_formula():
     d, pe = 16, sinusoidal_positions(50, 16)
     for pos in (0, 1, 7, 49):
