@@ -4,6 +4,7 @@
     python bench/translate.py --small-checkpoint runs/multi30k/checkpoint_best.pt   # a trained small model
     python bench/translate.py --ct2-site /tmp/ct2site           # where ctranslate2 lives (pip install --target)
     python bench/translate.py --sections small --repeat 3
+    python bench/translate.py --sections small --alpha 0 --nmt fp32-top,int8-top   # CTranslate2 stops as --stop top
     python bench/translate.py --sections small --small-checkpoint runs/multi30k/run/averaged.pt \
         --ct2-site /tmp/ct2site --hf-site /tmp/hfsite --fairseq-python /tmp/fsvenv/bin/python   # every anchor
 
@@ -113,7 +114,7 @@ def job_nmt(a: dict) -> dict:
     torch.set_num_threads(a["threads"])
     lines = read_lines(Path(a["input"]), a.get("n"))
     precision, *flags = a["precision"].split("-")  # "fp32-top": --stop top; "fp32-fairseq": --lenpen-form fairseq
-    search = SearchConfig(beam=a["beam"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
+    search = SearchConfig(beam=a["beam"], alpha=a["alpha"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
                           stop="top" if "top" in flags else "beam", lp="fairseq" if "fairseq" in flags else "gnmt")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines))
     device = a.get("device", "cpu")
@@ -169,7 +170,7 @@ def job_ct2(a: dict) -> dict:
     device = a.get("device", "cpu")
     tr = ctranslate2.Translator(str(model_dir), device=device, compute_type=a["compute_type"],
                                 intra_threads=a["threads"] if device == "cpu" else 1, inter_threads=1)
-    kwargs = dict(beam_size=a["beam"], length_penalty=0.6, max_decoding_length=a["max_decoding_length"],
+    kwargs = dict(beam_size=a["beam"], length_penalty=a["alpha"], max_decoding_length=a["max_decoding_length"],
                   max_batch_size=a["max_tokens"], batch_type="tokens")
     tr.translate_batch(src[:32] if device == "cpu" else src[:600], **kwargs)
     start = time.perf_counter()
@@ -223,7 +224,7 @@ ANCHOR_SCRIPTS = {"hf": ROOT / "bench" / "hf_marian.py", "fairseq": ROOT / "benc
 def run_anchor(kind: str, python: str, site: str | None, a: dict) -> dict:
     """Run bench/hf_marian.py or bench/fairseq_gen.py on the same input, lengths and threads as the nmt job."""
     cmd = [python, str(ANCHOR_SCRIPTS[kind]), a["checkpoint"], a["input"], a["output"], "--threads", str(a["threads"]),
-           "--beam", str(a["beam"]), "--lenpen", "0.6"]
+           "--beam", str(a["beam"]), "--lenpen", str(a["alpha"])]
     if a.get("fixed_len"):
         cmd += ["--fixed-length", str(a["fixed_len"])]
     else:
@@ -279,7 +280,7 @@ def bleu(hyp: Path, ref: Path) -> float:
 def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: bool, fixed_len: int) -> None:
     """nmt fp32/bf16 and CTranslate2 fp32/int8 on the same weights, alternated, best of --repeat."""
     common = dict(checkpoint=str(ckpt), input=str(src), n=args.lines.get(name), threads=args.threads, beam=4,
-                  max_tokens=args.max_tokens, device=args.device)
+                  alpha=args.alpha, max_tokens=args.max_tokens, device=args.device)
     if trained:
         lengths = dict(max_len_a=1.0, max_len_b=50)
         ct2_len = 256
@@ -363,8 +364,12 @@ def main() -> None:
     p.add_argument("--nmt", default="fp32,fp32-top,fp32-fairseq,bf16",
                    help="nmt configurations: precisions, '-fairseq' adds --lenpen-form fairseq (CTranslate2's and "
                         "Hugging Face's length penalty form), '-top' adds --stop top (OpenNMT-py's stopping rule; "
-                        "CTranslate2, fairseq and Hugging Face stop as nmt's default).")
+                        "CTranslate2, fairseq and Hugging Face stop as nmt's default; CTranslate2 as --stop top "
+                        "with --alpha 0).")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--alpha", type=float, default=0.6,
+                   help="Length penalty of every engine. 0 (none) lets CTranslate2 stop a sentence once its best "
+                        "candidate ended, as nmt's --stop top does: the like-with-like comparison of that rule.")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: nmt on the GPU (--nmt fp32,bf16,fp16) against CTranslate2 on the GPU (--ct2 "
                         "float16,int8_float16).")
@@ -392,7 +397,7 @@ def main() -> None:
         args.ct2 = "float32,int8" if args.device == "cpu" else "float32,float16,int8_float16"
     sections = args.sections.split(",")
     where = f"{args.threads} threads" if args.device == "cpu" else f"on {_gpu_name()}"
-    print(f"nmt translate benchmark: {where}, beam 4, alpha 0.6 (GNMT form), batches of {args.max_tokens} tokens; "
+    print(f"nmt translate benchmark: {where}, beam 4, alpha {args.alpha} (GNMT form), batches of {args.max_tokens} tokens; "
           f"{os.cpu_count()} CPUs")
     anchors = "measured below" if (args.hf_site or args.fairseq_python) else "not measured: see --hf-site/--fairseq-python"
     print(f"figures quoted from the issue: {QUOTED}; Hugging Face / fairseq anchors: {anchors}\n")

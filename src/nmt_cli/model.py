@@ -6,7 +6,8 @@ Post-LN by default, `LayerNorm(x + Dropout(Sublayer(x)))`; `norm_first=True` giv
 
 `encode()` and `decode()` are separate public methods; `decode()` with a `DecoderCache` runs incrementally:
 the self-attention keys/values grow by one position a step, the encoder-decoder keys/values are computed once
-in `init_cache()`, and `cache.reorder(index)` follows beam search (or drops finished sentences).
+in `init_cache()`, and `cache.reorder(index)` follows beam search (or drops finished sentences). One new position
+per row on CPU in eval mode takes `DecoderLayer.step`: the same arithmetic on [R, D] rows, without module calls.
 """
 
 from __future__ import annotations

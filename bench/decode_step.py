@@ -1,0 +1,92 @@
+"""The fixed cost of one incremental decoding step on CPU: `Transformer.decode` of one new position per row, through
+`DecoderLayer.step` (eval mode, what `nmt translate` runs) and through the modules (train mode with every dropout
+at 0: the same arithmetic, the path decoding took before the step existed), alternated in one process.
+
+    python bench/decode_step.py                                        # small random model (Multi30k's shape)
+    python bench/decode_step.py --checkpoint runs/m30k/run/checkpoint_last.pt --precision int8 --rows 1,20,200
+
+A step of a small model is ~100 small tensor operations; at one row their Python and dispatch cost is nearly all of
+it, and nmt pays it once per step (about 380 steps for the 1000 Multi30k test lines in batches of 2000 tokens).
+Prints ms per step (best of --rounds, each the mean of --steps steps) and the machine's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from nmt_cli import checkpoint  # noqa: E402
+from nmt_cli.config import ModelConfig  # noqa: E402
+from nmt_cli.model import Transformer  # noqa: E402
+
+
+def cpu_name() -> str:
+    """The CPU's model name and its wide-SIMD flags (avx2, avx512f, avx512_bf16, amx*), from /proc/cpuinfo."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or "unknown CPU"
+    fields = dict(line.split(":", 1) for line in info.split("\n\n")[0].splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    simd = sorted(f for f in fields.get("flags", "").split() if f.startswith(("avx2", "avx512f", "avx512_bf16", "amx")))
+    return f"{fields.get('model name', 'unknown CPU')} ({' '.join(simd)})"
+
+
+def per_step_ms(model: Transformer, rows: int, steps: int, train: bool) -> float:
+    model.train(train)
+    src = torch.randint(5, model.config.vocab_size, (rows, 14))
+    with torch.inference_mode():
+        cache = model.init_cache(model.encode(src))
+        tokens = torch.randint(5, model.config.vocab_size, (rows, 1))
+        for _ in range(3):
+            model.decode(tokens, cache=cache)
+        start = time.perf_counter()
+        for _ in range(steps):
+            model.decode(tokens, cache=cache)
+        return (time.perf_counter() - start) / steps * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", type=Path, help="a trained model (default: random weights, Multi30k's shape)")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "int8"))
+    p.add_argument("--rows", default="1,20,200", help="decoder rows per step (sentences x beams)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.checkpoint:
+        model = checkpoint.load(args.checkpoint).build_model()
+    else:
+        torch.manual_seed(0)
+        model = Transformer(ModelConfig(vocab_size=8000, d_model=256, d_ff=1024, n_heads=4, encoder_layers=3,
+                                        decoder_layers=3))
+    for module in model.modules():  # train mode without dropout: the module path, same arithmetic
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+    if args.precision == "int8":
+        from nmt_cli.int8 import quantize_int8
+
+        quantize_int8(model)
+    print(f"one decoding step, {args.precision}, {args.threads} threads, {cpu_name()}; torch {torch.__version__}")
+    for rows in (int(r) for r in args.rows.split(",")):
+        times: dict[str, list[float]] = {"step": [], "modules": []}
+        for _ in range(args.rounds):
+            for name in times:
+                times[name].append(per_step_ms(model, rows, args.steps, train=name == "modules"))
+        step, modules = min(times["step"]), min(times["modules"])
+        print(f"  {rows:4d} rows: DecoderLayer.step {step:6.2f} ms, modules {modules:6.2f} ms "
+              f"(step/modules {step / modules:.2f})")
+
+
+if __name__ == "__main__":
+    main()
