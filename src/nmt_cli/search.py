@@ -12,7 +12,7 @@ candidates per sentence over K x V, finalizes the end-of-sentence candidates amo
 the K best others (fairseq's scheme). A sentence is done when it holds K finished hypotheses or reaches its maximum
 length (where EOS is forced); done sentences leave the batch through `cache.reorder`, so no work is spent on them.
 With `stop="top"` a sentence is done earlier: once the best-ranked candidate of a step has been EOS and `nbest`
-hypotheses have finished (the rule of OpenNMT-py and CTranslate2).
+hypotheses have finished (the rule of OpenNMT-py, and of CTranslate2 without a length penalty).
 
 Scores: `score = sum(log p) / lp(len)`, where `len` counts the generated tokens including EOS (not BOS) and
 `lp` is the GNMT form `((5 + len) / 6) ** alpha` or the fairseq form `len ** alpha`.
