@@ -366,7 +366,7 @@ class DecoderLayer(nn.Module):
     def step(self, x: Tensor, cache: LayerCache, memory_mask: Tensor | None) -> Tensor:
         """forward() for one new position per row, x [R, D] -> [R, D], in eval mode on CPU: the same arithmetic
         with 2-D rows, no module calls and no dropout. A step of a small model is ~100 small tensor operations
-        whose Python cost rivals their arithmetic; this path makes CPU decoding ~10% faster (docs/results.md).
+        whose Python cost rivals their arithmetic; this path makes CPU translation ~5% faster (docs/results.md).
         (It calls the submodules' `forward` directly, so forward hooks on them do not run here.)"""
         x = self.sub1.step(x, lambda y: self.self_attn.step_self(y, cache))
         x = self.sub2.step(x, lambda y: self.cross_attn.step_cross(y, cache, memory_mask))
