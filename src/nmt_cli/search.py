@@ -4,7 +4,7 @@ The model interface (what `nmt_cli.model.Transformer` provides, and what a test 
   - `encode(src [B, S], src_pad_mask [B, S]) -> memory [B, S, D]`
   - `init_cache(memory, src_pad_mask) -> cache` with `cache.reorder(index [R'])`
   - `decode(tgt [R, T], memory, src_pad_mask, cache=None) -> logits [R, T, V]`; with a cache `tgt` holds only
-    the new position(s).
+    the new position(s). The search may overwrite the returned logits (a new tensor each call).
 
 Rows: the search keeps a flat batch of R = N x K rows (N unfinished sentences, K beams each, sentence-major).
 Every step computes next-token log-probabilities for all rows at once, picks the 2K best (beam, token)
@@ -146,7 +146,11 @@ class _Stepper:
             logits = self.model.decode(prefix[:, -1:], cache=self.cache)
         else:
             logits = self.model.decode(prefix, self.memory, self.src_pad_mask)
-        return F.log_softmax(logits[:, -1].float(), dim=-1)
+        logits = logits[:, -1].float()  # [R, V]
+        if logits.device.type == "cpu" and logits.is_contiguous():
+            # in place over the step's own logits: one [R, V] tensor less to allocate and fill (~2% of CPU decoding)
+            return torch._log_softmax(logits, -1, False, out=logits)
+        return F.log_softmax(logits, dim=-1)
 
     def reorder(self, rows: Tensor, same_sentences: bool = False) -> None:
         """Keep rows `rows` [R'] (follow beams, drop finished sentences).
