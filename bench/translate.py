@@ -5,6 +5,7 @@
     python bench/translate.py --ct2-site /tmp/ct2site           # where ctranslate2 lives (pip install --target)
     python bench/translate.py --sections small --repeat 3
     python bench/translate.py --sections small --alpha 0 --nmt fp32-top,int8-top   # CTranslate2 stops as --stop top
+    python bench/translate.py --sections small --alpha 0 --max-len 256 ...      # and both stop at 256 tokens
     python bench/translate.py --sections small --small-checkpoint runs/multi30k/run/averaged.pt \
         --ct2-site /tmp/ct2site --hf-site /tmp/hfsite --fairseq-python /tmp/fsvenv/bin/python   # every anchor
 
@@ -288,7 +289,11 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
     """nmt fp32/bf16 and CTranslate2 fp32/int8 on the same weights, alternated, best of --repeat."""
     common = dict(checkpoint=str(ckpt), input=str(src), n=args.lines.get(name), threads=args.threads, beam=4,
                   alpha=args.alpha, max_tokens=args.max_tokens, device=args.device)
-    if trained:
+    if trained and args.max_len:
+        lengths = dict(max_len_a=0.0, max_len_b=args.max_len + 1)
+        ct2_len = args.max_len
+        print(f"{name}: trained model {ckpt}; max output length {args.max_len} tokens (+EOS for nmt), both engines")
+    elif trained:
         lengths = dict(max_len_a=1.0, max_len_b=50)
         ct2_len = 256
         print(f"{name}: trained model {ckpt}; max output length = source + 50 (nmt), 256 (CTranslate2)")
@@ -384,6 +389,10 @@ def main() -> None:
                                                "float32,float16,int8_float16].")
     p.add_argument("--profile", action="store_true",
                    help="cuda: also profile nmt's first --nmt configuration (GPU busy share, top ops).")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="Trained models: both engines stop a sentence at this many tokens (nmt --max-len-a 0 "
+                        "--max-len-b N+1, CTranslate2 max_decoding_length N). Default: nmt source + 50, CTranslate2 "
+                        "256, which lets CTranslate2 run a looping output 200 steps further than nmt.")
     p.add_argument("--max-tokens", type=int, default=None,
                    help="Batch size of both engines in padded source tokens [nmt's default: cpu 2000, cuda 6000].")
     p.add_argument("--repeat", type=int, default=2, help="Runs per configuration (alternated); the best is shown.")

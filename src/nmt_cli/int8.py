@@ -48,8 +48,10 @@ class Int8Linear(nn.Module):
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         bias = None if bias is None else bias.detach().float().cpu()
         self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
-        # the resolved overload: calling the op packet checks its arguments in Python first (~4 us a call)
-        self._op = (torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic).default
+        # the resolved overload's C++ function: the op packet, and the overload itself, check their arguments in
+        # Python first (~4 and ~7 us a call)
+        overload = (torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic).default
+        self._op = getattr(overload, "_op", overload)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 2 and x.dtype == torch.float32:  # a decoding step's rows: ~15 us a call less than reshaping

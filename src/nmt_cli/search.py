@@ -314,6 +314,7 @@ class _BeamState:
         self.max_len = max_len  # [N]
         self.top_ended = torch.zeros(batch, dtype=torch.bool, device=device)  # a step's best candidate was EOS [N]
         self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+        self.rank: Tensor | None = None  # [2K] candidate ranks 0..2K-1 (_advance)
 
     @property
     def n(self) -> int:
@@ -367,9 +368,10 @@ def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: 
     best candidate was EOS (state.top_ended) and `cfg.nbest` hypotheses have finished."""
     k = state.beam
     done = state.max_len <= t + 1
-    eos = (tokens[:, :k] == EOS_ID) & torch.isfinite(scores[:, :k])  # [N, K]
+    eos = tokens[:, :k] == EOS_ID  # [N, K]
     if not bool(eos.any()):
         return done
+    eos &= torch.isfinite(scores[:, :k])
     if cfg.stop == "top":
         state.top_ended |= eos[:, 0]
     penalty = length_penalty(t + 1, cfg.alpha, cfg.lp)
@@ -393,18 +395,27 @@ def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: 
     return done
 
 
-def _advance(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, done: Tensor) -> Tensor:
-    """Continue each unfinished sentence with its K best non-EOS candidates; return the kept rows [N'*K]."""
+def _advance(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, done: Tensor | None,
+             ) -> Tensor:
+    """Continue each unfinished sentence with its K best non-EOS candidates; return the kept rows [N'*K].
+    `done` [N] (bool): the sentences that leave; None when none does."""
     k, width = state.beam, scores.size(1)
-    rank = torch.arange(width, device=scores.device).expand_as(scores)
-    order = (rank + (tokens == EOS_ID).long() * width).argsort(dim=1)[:, :k]  # non-EOS first, by rank
-    keep = (~done).nonzero().squeeze(1)  # [N']
-    order = order[keep]
-    rows = (keep.unsqueeze(1) * k + beams[keep].gather(1, order)).view(-1)  # [N'*K] rows of the old batch
+    if state.rank is None or state.rank.numel() != width:
+        state.rank = torch.arange(width, device=scores.device)
+    order = (state.rank + (tokens == EOS_ID).long() * width).argsort(dim=1)[:, :k]  # non-EOS first, by rank
+    if done is None:  # every sentence goes on (the common step): no selection of sentences
+        first_row = torch.arange(state.n, device=scores.device).unsqueeze(1) * k
+        rows = (first_row + beams.gather(1, order)).view(-1)  # [N*K] rows of the old batch
+        next_tokens, state.scores = tokens.gather(1, order).view(-1), scores.gather(1, order)
+    else:
+        keep = (~done).nonzero().squeeze(1)  # [N']
+        order = order[keep]
+        rows = (keep.unsqueeze(1) * k + beams[keep].gather(1, order)).view(-1)  # [N'*K] rows of the old batch
+        next_tokens, state.scores = tokens[keep].gather(1, order).view(-1), scores[keep].gather(1, order)
+        state.sentence, state.max_len = state.sentence[keep], state.max_len[keep]
+        state.top_ended = state.top_ended[keep]
     state.tokens = state.tokens.index_select(0, rows)
-    state.tokens[:, t + 1] = tokens[keep].gather(1, order).view(-1)
-    state.scores = scores[keep].gather(1, order)
-    state.sentence, state.max_len, state.top_ended = state.sentence[keep], state.max_len[keep], state.top_ended[keep]
+    state.tokens[:, t + 1] = next_tokens
     return rows
 
 
@@ -419,19 +430,24 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
     batch, k = src.size(0), cfg.beam
     stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
     state = _BeamState(batch, k, longest, max_len, src.device)
+    shortest = int(max_len.min())  # no sentence reaches its maximum length before this step
     for t in range(longest):
         if t == 0:  # all K beams of a sentence start identical: decode one row each, then make it K rows
             lprobs = stepper.log_probs(state.tokens[::k, :1]).repeat_interleave(k, dim=0)  # [N*K, V]
             stepper.repeat_beams(batch, k, src.device)
         else:
             lprobs = stepper.log_probs(state.tokens[:, : t + 1])  # [N*K, V]
-        _constrain(lprobs, t, cfg, (state.max_len <= t + 1).repeat_interleave(k), state.tokens[:, 1 : t + 1],
+        force_eos = (state.max_len <= t + 1).repeat_interleave(k) if t + 1 >= shortest else None
+        _constrain(lprobs, t, cfg, force_eos, state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None,
                    _forced_at(forced_prefix, state.sentence, t, k))
         scores, beams, tokens = _candidates(state, lprobs)
         done = _finalize(state, t, scores, beams, tokens, cfg)
-        if bool(done.all()):
+        if not bool(done.any()):
+            stepper.reorder(_advance(state, t, scores, beams, tokens, None), same_sentences=True)
+        elif bool(done.all()):
             break
-        stepper.reorder(_advance(state, t, scores, beams, tokens, done), same_sentences=not bool(done.any()))
+        else:
+            stepper.reorder(_advance(state, t, scores, beams, tokens, done))
     return [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in state.finished]
 
 
