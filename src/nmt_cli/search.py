@@ -314,7 +314,6 @@ class _BeamState:
         self.max_len = max_len  # [N]
         self.top_ended = torch.zeros(batch, dtype=torch.bool, device=device)  # a step's best candidate was EOS [N]
         self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-        self.rank: Tensor | None = None  # [2K] candidate ranks 0..2K-1 (_advance)
 
     @property
     def n(self) -> int:
@@ -398,24 +397,21 @@ def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: 
 def _advance(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, done: Tensor | None,
              ) -> Tensor:
     """Continue each unfinished sentence with its K best non-EOS candidates; return the kept rows [N'*K].
-    `done` [N] (bool): the sentences that leave; None when none does."""
+    `done` [N] (bool): the sentences that leave; None when none does (the common step: nothing to select)."""
     k, width = state.beam, scores.size(1)
-    if state.rank is None or state.rank.numel() != width:
-        state.rank = torch.arange(width, device=scores.device)
-    order = (state.rank + (tokens == EOS_ID).long() * width).argsort(dim=1)[:, :k]  # non-EOS first, by rank
-    if done is None:  # every sentence goes on (the common step): no selection of sentences
-        first_row = torch.arange(state.n, device=scores.device).unsqueeze(1) * k
-        rows = (first_row + beams.gather(1, order)).view(-1)  # [N*K] rows of the old batch
-        next_tokens, state.scores = tokens.gather(1, order).view(-1), scores.gather(1, order)
+    rank = torch.arange(width, device=scores.device)
+    order = (rank + (tokens == EOS_ID).long() * width).argsort(dim=1)[:, :k]  # non-EOS first, by rank
+    if done is None:
+        first_row = torch.arange(state.n, device=scores.device).unsqueeze(1) * k  # [N, 1]
     else:
         keep = (~done).nonzero().squeeze(1)  # [N']
-        order = order[keep]
-        rows = (keep.unsqueeze(1) * k + beams[keep].gather(1, order)).view(-1)  # [N'*K] rows of the old batch
-        next_tokens, state.scores = tokens[keep].gather(1, order).view(-1), scores[keep].gather(1, order)
-        state.sentence, state.max_len = state.sentence[keep], state.max_len[keep]
-        state.top_ended = state.top_ended[keep]
+        order, beams, tokens, scores = order[keep], beams[keep], tokens[keep], scores[keep]
+        state.sentence, state.max_len, state.top_ended = state.sentence[keep], state.max_len[keep], state.top_ended[keep]
+        first_row = keep.unsqueeze(1) * k
+    rows = (first_row + beams.gather(1, order)).view(-1)  # [N'*K] rows of the old batch
     state.tokens = state.tokens.index_select(0, rows)
-    state.tokens[:, t + 1] = next_tokens
+    state.tokens[:, t + 1] = tokens.gather(1, order).view(-1)
+    state.scores = scores.gather(1, order)
     return rows
 
 
