@@ -115,10 +115,12 @@ def job_nmt(a: dict) -> dict:
 
     torch.set_num_threads(a["threads"])
     lines = read_lines(Path(a["input"]), a.get("n"))
-    precision, *flags = a["precision"].split("-")  # "fp32-top": --stop top; "fp32-fairseq": --lenpen-form fairseq
+    # "fp32-top": --stop top; "fp32-fairseq": --lenpen-form fairseq; "int8-nojoin": batches one after the other
+    precision, *flags = a["precision"].split("-")
     search = SearchConfig(beam=a["beam"], alpha=a["alpha"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
                           stop="top" if "top" in flags else "beam", lp="fairseq" if "fairseq" in flags else "gnmt")
-    config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines))
+    config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines),
+                             join_batches="nojoin" not in flags)
     device = a.get("device", "cpu")
     tr = Translator(load_checkpoints([a["checkpoint"]]), device, precision, config)
     tr.translate(lines[:32] if device == "cpu" else lines[:600])  # warm-up (GPU: kernels for many shapes)
@@ -324,7 +326,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
                             ct2_dir=str(WORK / f"ct2_{name}"), max_decoding_length=ct2_len, **common)
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
-        label = {"nmt": f"nmt {prec.replace('-top', ' --stop top').replace('-fairseq', ' --lenpen-form fairseq')}",
+        label = {"nmt": "nmt " + prec.replace("-top", " --stop top").replace("-fairseq", " --lenpen-form fairseq")
+                 .replace("-nojoin", " (no joining)"),
                  "ct2": f"CTranslate2 {prec}",
                  "hf": "Hugging Face generate fp32",
                  "fairseq": "fairseq SequenceGenerator fp32"}[engine]
@@ -340,7 +343,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
              (("nmt", "fp32"), ("nmt", "fp16")),
              (("nmt", "fp32"), ("nmt", "fp32-top")), (("nmt", "fp32"), ("nmt", "bf16")),
              (("nmt", "fp32"), ("nmt", "int8")), (("nmt", "int8"), ("ct2", "int8")),
-             (("nmt", "int8-top"), ("ct2", "int8")),
+             (("nmt", "int8-top"), ("ct2", "int8")), (("nmt", "fp32"), ("nmt", "fp32-nojoin")),
+             (("nmt", "int8"), ("nmt", "int8-nojoin")), (("nmt", "int8-top"), ("nmt", "int8-top-nojoin")),
              (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32"))]
     for p, q in pairs:
         if p in have and q in have:
@@ -377,7 +381,7 @@ def main() -> None:
                    help="nmt configurations: precisions, '-fairseq' adds --lenpen-form fairseq (CTranslate2's and "
                         "Hugging Face's length penalty form), '-top' adds --stop top (OpenNMT-py's stopping rule; "
                         "CTranslate2, fairseq and Hugging Face stop as nmt's default; CTranslate2 as --stop top "
-                        "with --alpha 0).")
+                        "with --alpha 0), '-nojoin' runs the batches one after the other (no continuous batching).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--alpha", type=float, default=0.6,
                    help="Length penalty of every engine. 0 (none) lets CTranslate2 stop a sentence once its best "

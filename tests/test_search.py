@@ -242,6 +242,45 @@ def test_sentence_alone_equals_sentence_in_a_large_mixed_batch(beam, stop):
         assert [h.score for h in alone] == pytest.approx([h.score for h in batched[i]], abs=1e-4)
 
 
+@pytest.mark.parametrize("stop,nbest", [("beam", 2), ("top", 1)])
+def test_joined_batches_equal_batches_one_after_the_other(monkeypatch, stop, nbest):
+    """Continuous batching: batches that join a running one (other source lengths, own positions, started at a later
+    step, its first sentences still going) give what each batch gives alone, and parts leave as they finish."""
+    model = tiny(seed=6)
+    src, mask, seqs = mixed_batch(30, seed=7)
+    cfg = SearchConfig(beam=4, nbest=nbest, stop=stop, max_len_a=1.0, max_len_b=8)
+    order = sorted(range(30), key=lambda i: -len(seqs[i]))  # longest first, as the Translator batches
+    groups = [order[i : i + 6] for i in range(0, 30, 6)]
+
+    def batch(rows):
+        width = max(len(seqs[i]) for i in rows)
+        b = torch.tensor([seqs[i] + [PAD_ID] * (width - len(seqs[i])) for i in rows])
+        return b, b == PAD_ID
+
+    joins = []
+    real_join = search_module._Stepper.join
+    monkeypatch.setattr(search_module._Stepper, "join", lambda self, *a: (joins.append(self.cache), real_join(self, *a)))
+    joined = search_module.beam_search_batches(model, [batch(g) for g in groups], cfg, join_below=1.0)
+    assert len(joins) >= 3  # every batch after the first joined a running one
+    count = len(joins)
+    apart = search_module.beam_search_batches(model, [batch(g) for g in groups], cfg, join_below=0.0)
+    assert len(joins) == count and len(joined) == len(apart) == len(groups)
+    for j, a, g in zip(joined, apart, groups, strict=True):
+        alone = beam_search(model, *batch(g), cfg)
+        for hj, ha, hb in zip(j, a, alone, strict=True):
+            assert [h.tokens for h in hj] == [h.tokens for h in ha] == [h.tokens for h in hb]
+            assert [h.score for h in hj] == pytest.approx([h.score for h in hb], abs=1e-4)
+            assert [h.log_prob for h in hj] == pytest.approx([h.log_prob for h in hb], abs=1e-4)
+
+
+def test_joining_needs_cpu_beam_search_without_step_counting_constraints():
+    assert search_module.can_join(SearchConfig(), "cpu")
+    for cfg in (SearchConfig(beam=1), SearchConfig(min_len=2), SearchConfig(no_repeat_ngram=3),
+                SearchConfig(use_cache=False)):
+        assert not search_module.can_join(cfg, "cpu")
+    assert not search_module.can_join(SearchConfig(), "meta")
+
+
 def test_outputs_respect_max_length_and_never_hold_specials():
     model = tiny(seed=6)
     src, mask, seqs = mixed_batch(12, seed=7)

@@ -67,7 +67,9 @@ class LayerCache:
         fills it and makes it `kv`."""
         self._in_use = spare = 1 - self._in_use
         need = 2 * rows * heads * extent * d_k
-        if self._flat[spare] is None or self._flat[spare].numel() < need:
+        # grown when too small; smaller again when 4x too large (rows left: a joined batch's long-lived last rows
+        # would otherwise keep its first steps' memory)
+        if self._flat[spare] is None or not need <= self._flat[spare].numel() <= 4 * need + 4096:
             self._flat[spare] = self.cross_k.new_empty(need + need // 4)  # room to grow a few steps
         return self._flat[spare][:need].view(2, rows, heads, extent, d_k)
 
@@ -156,6 +158,14 @@ class DecoderCache:
         if self.src_pad_mask is not None:
             self.src_pad_mask = self.src_pad_mask.index_select(0, sentences)
 
+    def rows(self) -> int:
+        """Decoder rows (sentences x beams)."""
+        return self.layers[0].cross_k.size(0) * self.beams if self.layers else 0
+
+    def join(self, other: DecoderCache) -> JoinedCache:
+        """This cache's rows, then `other`'s, decoded as one batch (continuous batching; see JoinedCache)."""
+        return JoinedCache([self, other])
+
     def _sentences(self, index: Tensor) -> Tensor | None:
         """The sentence of each group of `beams` new rows [R' / beams], or None when the groups mix sentences."""
         if self.beams == 1:
@@ -174,6 +184,49 @@ class DecoderCache:
         if self.src_pad_mask is not None:
             self.src_pad_mask = self.src_pad_mask.repeat_interleave(self.beams, 0)
         self.beams = 1
+
+
+class JoinedCache:
+    """The caches of several batches decoded as one (continuous batching: a batch joins a running one's tail).
+
+    Rows are the first part's, then the next part's, and so on. Each part keeps its own length (positions),
+    encoder output and self-attention layout, so attention runs per part over exactly its own positions; every
+    other operation of a step (the projections, the feed-forward layers, the output layer, the search) runs once
+    over all rows. A part leaves when its last row does.
+    """
+
+    def __init__(self, parts: list[DecoderCache]):
+        self.parts = parts
+
+    def rows(self) -> int:
+        return sum(p.rows() for p in self.parts)
+
+    def join(self, other: DecoderCache) -> JoinedCache:
+        self.parts.append(other)
+        return self
+
+    def _split(self, index: Tensor) -> list[Tensor]:
+        """index [R'] (new rows of the old batch, parts in order) -> per part, its local row index."""
+        sizes = [p.rows() for p in self.parts]
+        ends = torch.tensor(sizes, device=index.device).cumsum(0)
+        counts = (index.unsqueeze(1) < ends).sum(0).tolist()  # rows kept up to the end of each part
+        begin = [0] + counts[:-1]
+        offsets = [0] + ends.tolist()[:-1]
+        return [index[b:e] - o for b, e, o in zip(begin, counts, offsets, strict=True)]
+
+    def _reorder(self, index: Tensor, beams_only: bool) -> None:
+        kept = []
+        for part, local in zip(self.parts, self._split(index), strict=True):
+            if local.numel():
+                part.reorder_beams(local) if beams_only else part.reorder(local)
+                kept.append(part)
+        self.parts = kept
+
+    def reorder_beams(self, index: Tensor) -> None:
+        self._reorder(index, beams_only=True)
+
+    def reorder(self, index: Tensor) -> None:
+        self._reorder(index, beams_only=False)
 
 
 def _is_arange(index: Tensor) -> bool:
@@ -312,25 +365,41 @@ class MultiHeadAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, cache.cross_k, cache.cross_v, attn_mask=mask)
         return self.out_proj(out.transpose(1, 2).reshape(rows, t, d))
 
-    def step_self(self, x: Tensor, cache: LayerCache) -> Tensor:
-        """Self-attention of one new position per row, x [R, D] -> [R, D], on CPU (see DecoderLayer.step)."""
-        rows, d = x.shape
+    def step_self(self, x: Tensor, caches: list[LayerCache], sizes: list[int]) -> Tensor:
+        """Self-attention of one new position per row, x [R, D] -> [R, D], on CPU (see DecoderLayer.step); the rows
+        are `sizes` rows per cache, in order (one cache but in continuous batching)."""
         qkv = self.qkv_proj.forward(x)  # [R, 3D]
+        if len(caches) == 1:
+            out = self._attend_self(qkv, caches[0])
+        else:
+            out = torch.cat([self._attend_self(part, c) for part, c in zip(qkv.split(sizes), caches, strict=True)])
+        return self.out_proj.forward(out)
+
+    def _attend_self(self, qkv: Tensor, cache: LayerCache) -> Tensor:
+        rows, d = qkv.size(0), qkv.size(1) // 3
         k, v = cache.append(qkv[:, d:].view(rows, 2, self.h, 1, self.d_k).transpose(0, 1))  # [R, H, length, K]
         b, t = rows * self.h, k.size(2)  # attention over [R x H] batches (views of the cache)
         q = qkv[:, :d].reshape(b, 1, self.d_k)
-        out = attention_3d(q, k.reshape(b, t, self.d_k), v.reshape(b, t, self.d_k))  # [R x H, 1, K]
-        return self.out_proj.forward(out.view(rows, d))
+        return attention_3d(q, k.reshape(b, t, self.d_k), v.reshape(b, t, self.d_k)).view(rows, d)  # [R, D]
 
-    def step_cross(self, x: Tensor, cache: LayerCache, pad: Tensor | None) -> Tensor:
-        """Encoder-decoder attention of one new position per row, x [R, D] -> [R, D], on CPU; pad [N x H, 1, S]
-        True at padding (DecoderCache.head_pad)."""
-        rows, d = x.shape
+    def step_cross(self, x: Tensor, caches: list[LayerCache], pads: list[Tensor | None], sizes: list[int]) -> Tensor:
+        """Encoder-decoder attention of one new position per row, x [R, D] -> [R, D], on CPU; pads [N x H, 1, S]
+        True at padding (DecoderCache.head_pad), one per cache, as in step_self."""
+        q = self.q_proj.forward(x)
+        if len(caches) == 1:
+            out = self._attend_cross(q, caches[0], pads[0])
+        else:
+            out = torch.cat([self._attend_cross(part, c, pad)
+                             for part, c, pad in zip(q.split(sizes), caches, pads, strict=True)])
+        return self.out_proj.forward(out)
+
+    def _attend_cross(self, q: Tensor, cache: LayerCache, pad: Tensor | None) -> Tensor:
+        rows, d = q.shape
         n, _, s, _ = cache.cross_k.shape
         beams, b = rows // n, n * self.h
-        q = self.q_proj.forward(x).view(n, beams, self.h, self.d_k).transpose(1, 2).reshape(b, beams, self.d_k)
+        q = q.view(n, beams, self.h, self.d_k).transpose(1, 2).reshape(b, beams, self.d_k)
         out = attention_3d(q, cache.cross_k.reshape(b, s, self.d_k), cache.cross_v.reshape(b, s, self.d_k), pad)
-        return self.out_proj.forward(out.view(n, self.h, beams, self.d_k).transpose(1, 2).reshape(rows, d))
+        return out.view(n, self.h, beams, self.d_k).transpose(1, 2).reshape(rows, d)
 
 
 class FeedForward(nn.Module):
@@ -400,13 +469,13 @@ class DecoderLayer(nn.Module):
         x = self.sub2(x, lambda y: self.cross_attn(y, mask=memory_mask, memory=memory, cache=cache))
         return self.sub3(x, self.ffn)
 
-    def step(self, x: Tensor, cache: LayerCache, pad: Tensor | None) -> Tensor:
+    def step(self, x: Tensor, caches: list[LayerCache], pads: list[Tensor | None], sizes: list[int]) -> Tensor:
         """forward() for one new position per row, x [R, D] -> [R, D], in eval mode on CPU: the same arithmetic
         with 2-D rows, no module calls and no dropout. A step of a small model is ~100 small tensor operations
         whose Python cost rivals their arithmetic; this path makes CPU translation ~5% faster (docs/results.md).
         (It calls the submodules' `forward` directly, so forward hooks on them do not run here.)"""
-        x = self.sub1.step(x, lambda y: self.self_attn.step_self(y, cache))
-        x = self.sub2.step(x, lambda y: self.cross_attn.step_cross(y, cache, pad))
+        x = self.sub1.step(x, lambda y: self.self_attn.step_self(y, caches, sizes))
+        x = self.sub2.step(x, lambda y: self.cross_attn.step_cross(y, caches, pads, sizes))
         return self.sub3.step(x, self.ffn.step)
 
 
@@ -494,13 +563,22 @@ class Transformer(nn.Module):
             cache.length += tgt.size(1)
         return self._output(self.decoder_norm(x))  # [B, T, V]
 
-    def _step(self, tokens: Tensor, target_embed: nn.Embedding, cache: DecoderCache) -> Tensor:
-        """decode() of one new position per row on CPU in eval mode (DecoderLayer.step): tokens [R] -> logits [R, V]."""
-        x = self._embed(tokens.unsqueeze(1), target_embed, cache.length)[:, 0]  # [R, D]
-        pad = cache.head_pad(self.config.n_heads)
-        for layer, layer_cache in zip(self.decoder_layers, cache.layers, strict=True):
-            x = layer.step(x, layer_cache, pad)
-        cache.length += 1
+    def _step(self, tokens: Tensor, target_embed: nn.Embedding, cache: DecoderCache | JoinedCache) -> Tensor:
+        """decode() of one new position per row on CPU in eval mode (DecoderLayer.step): tokens [R] -> logits [R, V].
+        With a JoinedCache each part's rows take their positions from its own length."""
+        parts = cache.parts if isinstance(cache, JoinedCache) else [cache]
+        if len(parts) == 1:
+            sizes = [tokens.size(0)]
+            x = self._embed(tokens.unsqueeze(1), target_embed, parts[0].length)[:, 0]  # [R, D]
+        else:
+            sizes = [p.rows() for p in parts]
+            positions = torch.cat([self.positions[p.length].expand(n, -1) for p, n in zip(parts, sizes, strict=True)])
+            x = target_embed(tokens) * self.embed_scale + positions.to(target_embed.weight.dtype)  # [R, D]
+        pads = [p.head_pad(self.config.n_heads) for p in parts]
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer.step(x, [p.layers[i] for p in parts], pads, sizes)
+        for p in parts:
+            p.length += 1
         return self._output(self.decoder_norm.forward(x))
 
     def _output(self, x: Tensor) -> Tensor:

@@ -14,6 +14,12 @@ length (where EOS is forced); done sentences leave the batch through `cache.reor
 With `stop="top"` a sentence is done earlier: once the best-ranked candidate of a step has been EOS and `nbest`
 hypotheses have finished (the rule of OpenNMT-py, and of CTranslate2 without a length penalty).
 
+Continuous batching (`beam_search_batches`, what `nmt translate` uses on CPU): once a batch is down to half the next
+batch's sentences, the next batch joins it instead of waiting, its sentences counting steps from where they joined.
+Each batch's decoder cache stays its own (`model.JoinedCache`), so attention sees exactly its positions; the rest of
+a step runs once over all rows. The last, few-row steps of every batch, which cost nearly a full step each on CPU,
+are shared with the next batch's first ones.
+
 Scores: `score = sum(log p) / lp(len)`, where `len` counts the generated tokens including EOS (not BOS) and
 `lp` is the GNMT form `((5 + len) / 6) ** alpha` or the fairseq form `len ** alpha`.
 
@@ -25,6 +31,7 @@ prefix per sentence, and the maximum length (EOS forced). `sample_search` draws 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -165,6 +172,15 @@ class _Stepper:
         else:
             self.cache.reorder(rows)
 
+    def join(self, memory, src_pad_mask: Tensor | None) -> None:
+        """Continuous batching: the sentences of `memory` join after the current rows, one row each until
+        `repeat_joined` makes them k, decoded from their own start (the cache's `join`)."""
+        self.cache = self.cache.join(self.model.init_cache(memory, src_pad_mask))
+
+    def repeat_joined(self, k: int) -> None:
+        """The rows that joined last become k rows each (after their first step, as repeat_beams)."""
+        self.cache.parts[-1].repeat_beams(k)
+
     def repeat_beams(self, batch: int, k: int, device) -> None:
         """Each sentence becomes k consecutive rows (beam search start)."""
         if self.cache is not None and hasattr(self.cache, "repeat_beams"):
@@ -302,22 +318,56 @@ def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchCo
 
 
 class _BeamState:
-    """The unfinished sentences of a beam search: N sentences x K beams, flattened sentence-major into rows."""
+    """The unfinished sentences of a beam search: N sentences x K beams, flattened sentence-major into rows.
 
-    def __init__(self, batch: int, beam: int, longest: int, max_len: Tensor, device):
+    Steps count from the state's start. Sentences that joined later (`join`, continuous batching) began at step
+    `begin` [N] (None: all at 0); a row's tokens sit in the columns of the steps that produced them, its BOS in
+    column `begin`."""
+
+    def __init__(self, batch: int, beam: int, longest: int, max_len: Tensor, device,
+                 finished: list[list[Hypothesis]] | None = None):
         self.beam = beam
         self.tokens = torch.full((batch * beam, longest + 1), PAD_ID, dtype=torch.long, device=device)
         self.tokens[:, 0] = BOS_ID  # [N*K, 1 + longest]
         self.scores = torch.full((batch, beam), float("-inf"), device=device)  # cumulative log p [N, K]
         self.scores[:, 0] = 0.0  # all beams start identical: only the first may expand at step 0
-        self.sentence = torch.arange(batch, device=device)  # original index of each unfinished sentence [N]
-        self.max_len = max_len  # [N]
+        self.finished: list[list[Hypothesis]] = finished if finished is not None else []
+        # the index of each unfinished sentence in `finished` [N]
+        self.sentence = torch.arange(len(self.finished), len(self.finished) + batch, device=device)
+        self.finished += [[] for _ in range(batch)]
+        self.max_len = max_len  # [N] the step count by which each sentence ends (its maximum length, + begin)
         self.top_ended = torch.zeros(batch, dtype=torch.bool, device=device)  # a step's best candidate was EOS [N]
-        self.finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+        self.begin: Tensor | None = None
 
     @property
     def n(self) -> int:
         return self.scores.size(0)
+
+    def join(self, batch: int, max_len: Tensor, t: int) -> None:
+        """Add `batch` sentences that begin at step t (before it is decoded) with maximum lengths max_len [batch]."""
+        k, device = self.beam, self.scores.device
+        width = max(self.tokens.size(1), t + int(max_len.max()) + 1)
+        tokens = torch.full((self.tokens.size(0) + batch * k, width), PAD_ID, dtype=torch.long, device=device)
+        tokens[: self.tokens.size(0), : self.tokens.size(1)] = self.tokens
+        tokens[self.tokens.size(0):, t] = BOS_ID
+        scores = torch.full((batch, k), float("-inf"), device=device)
+        scores[:, 0] = 0.0
+        begin = self.begin if self.begin is not None else self.sentence.new_zeros(self.n)
+        self.tokens, self.scores = tokens, torch.cat([self.scores, scores])
+        self.sentence = torch.cat([self.sentence, torch.arange(len(self.finished), len(self.finished) + batch,
+                                                               device=device)])
+        self.finished += [[] for _ in range(batch)]
+        self.max_len = torch.cat([self.max_len, max_len + t])
+        self.top_ended = torch.cat([self.top_ended, self.top_ended.new_zeros(batch)])
+        self.begin = torch.cat([begin, begin.new_full((batch,), t)])
+
+    def trim(self) -> int:
+        """Drop the steps before every sentence's begin; -> how many (the caller shifts its step count)."""
+        drop = int(self.begin.min()) if self.begin is not None and self.n else 0
+        if drop:
+            self.tokens = self.tokens[:, drop:]
+            self.begin, self.max_len = self.begin - drop, self.max_len - drop
+        return drop
 
 
 def _block_size(width: int, k: int) -> int | None:
@@ -379,11 +429,16 @@ def _finalize(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: 
     prefixes = state.tokens[rows, 1 : t + 1].tolist()
     lp_sums = scores[where[:, 0], where[:, 1]].tolist()
     sentence = state.sentence.tolist()  # (plain Python from here: one tensor op per hypothesis would dominate)
+    begin = state.begin.tolist() if state.begin is not None else None
     now_done = []
     for (n, _), prefix, lp_sum in zip(where.tolist(), prefixes, lp_sums, strict=True):
         finished = state.finished[sentence[n]]
         if len(finished) < k:
-            finished.append(Hypothesis(prefix, lp_sum / penalty, lp_sum))
+            if begin is None:
+                finished.append(Hypothesis(prefix, lp_sum / penalty, lp_sum))
+            else:  # a sentence that joined later: its tokens and length from its own start
+                b = begin[n]
+                finished.append(Hypothesis(prefix[b:], lp_sum / length_penalty(t + 1 - b, cfg.alpha, cfg.lp), lp_sum))
             if len(finished) == k:
                 now_done.append(n)
     if cfg.stop == "top":
@@ -407,6 +462,8 @@ def _advance(state: _BeamState, t: int, scores: Tensor, beams: Tensor, tokens: T
         keep = (~done).nonzero().squeeze(1)  # [N']
         order, beams, tokens, scores = order[keep], beams[keep], tokens[keep], scores[keep]
         state.sentence, state.max_len, state.top_ended = state.sentence[keep], state.max_len[keep], state.top_ended[keep]
+        if state.begin is not None:
+            state.begin = state.begin[keep]
         first_row = keep.unsqueeze(1) * k
     rows = (first_row + beams.gather(1, order)).view(-1)  # [N'*K] rows of the old batch
     state.tokens = state.tokens.index_select(0, rows)
@@ -421,17 +478,76 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
     """Batched beam search. src [B, S], src_pad_mask [B, S] True at padding -> per sentence, the `cfg.nbest`
     best hypotheses, best first. `prefix`: target token ids each output must start with (one list per sentence)."""
     cfg = (cfg or SearchConfig()).validate()
-    forced_prefix = _prefix_tensor(prefix, src.size(0), src.device)
-    memory, max_len, longest = _start(model, src, src_pad_mask, cfg, forced_prefix)
-    batch, k = src.size(0), cfg.beam
-    stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
-    state = _BeamState(batch, k, longest, max_len, src.device)
-    shortest = int(max_len.min())  # no sentence reaches its maximum length before this step
-    for t in range(longest):
+    return _beam_batches(model, [(src, src_pad_mask)], cfg, prefix, join_below=0.0)[0]
+
+
+JOIN_BELOW = 0.5  # beam_search_batches: the next batch joins once the running one is down to half its size
+
+
+def can_join(cfg: SearchConfig, device) -> bool:
+    """Whether `beam_search_batches` may let batches join running ones: beam search with the cache on CPU (the
+    decoder's step path), and no constraint that counts steps from a sentence's own start (min-len, no-repeat-ngram;
+    prefixes are per call)."""
+    return (torch.device(device).type == "cpu" and cfg.beam > 1 and not cfg.sampling and cfg.use_cache
+            and not cfg.min_len and not cfg.no_repeat_ngram)
+
+
+@torch.inference_mode()
+def beam_search_batches(model, batches: Iterable[tuple[Tensor, Tensor | None]], cfg: SearchConfig,
+                        join_below: float | None = None) -> list[list[list[Hypothesis]]]:
+    """Beam search over batches (src, src_pad_mask), with continuous batching -> per batch, per sentence, the
+    `cfg.nbest` best hypotheses.
+
+    Once a running batch is down to `join_below` x the next batch's sentences, the next batch joins it: its sentences
+    start at the current step, with positions, self-attention and maximum lengths counted from there
+    (`DecoderCache.join`). Steps with few rows cost nearly as much as full ones on CPU (the fixed cost of ~300
+    small tensor operations), and the last sentences of every batch otherwise run alone. Where `can_join` does not
+    hold (or with `join_below` 0) the batches run one after the other."""
+    cfg = cfg.validate()
+    return _beam_batches(model, batches, cfg, None, JOIN_BELOW if join_below is None else join_below)
+
+
+def _beam_batches(model, batches: Iterable[tuple[Tensor, Tensor | None]], cfg: SearchConfig,
+                  prefix: list[list[int]] | None, join_below: float) -> list[list[list[Hypothesis]]]:
+    k = cfg.beam
+    finished: list[list[Hypothesis]] = []  # per sentence, in batch order
+    sizes: list[int] = []
+    pending = iter(batches)
+    upcoming = next(pending, None)
+    state: _BeamState | None = None
+    forced_prefix = None
+    t = shortest = 0
+    while upcoming is not None or state is not None:
+        joined = False
+        if state is None:  # start afresh with the next batch
+            src, src_pad_mask = upcoming
+            upcoming = next(pending, None)
+            forced_prefix = _prefix_tensor(prefix, src.size(0), src.device)
+            memory, max_len, longest = _start(model, src, src_pad_mask, cfg, forced_prefix)
+            stepper = _Stepper(model, memory, src_pad_mask, cfg.use_cache)
+            state = _BeamState(src.size(0), k, longest, max_len, src.device, finished)
+            sizes.append(src.size(0))
+            t, shortest = 0, int(max_len.min())  # no sentence reaches its maximum length before step `shortest`
+            if join_below and not (can_join(cfg, src.device) and hasattr(stepper.cache, "join")):
+                join_below = 0.0
+        elif join_below and upcoming is not None and state.n <= join_below * upcoming[0].size(0):
+            src, src_pad_mask = upcoming  # the next batch joins the running one at step t (> 0)
+            upcoming = next(pending, None)
+            memory, max_len, _ = _start(model, src, src_pad_mask, cfg)
+            stepper.join(memory, src_pad_mask)
+            old_rows = state.tokens.size(0)
+            state.join(src.size(0), max_len, t)
+            sizes.append(src.size(0))
+            shortest = min(shortest, t + int(max_len.min()))
+            last = state.tokens[:, t : t + 1]  # as at step 0: the new sentences' beams are identical, one row each
+            lprobs = stepper.log_probs(torch.cat([last[:old_rows], last[old_rows::k]]))
+            lprobs = torch.cat([lprobs[:old_rows], lprobs[old_rows:].repeat_interleave(k, dim=0)])  # [N*K, V]
+            stepper.repeat_joined(k)
+            joined = True
         if t == 0:  # all K beams of a sentence start identical: decode one row each, then make it K rows
             lprobs = stepper.log_probs(state.tokens[::k, :1]).repeat_interleave(k, dim=0)  # [N*K, V]
-            stepper.repeat_beams(batch, k, src.device)
-        else:
+            stepper.repeat_beams(state.n, k, state.tokens.device)
+        elif not joined:
             lprobs = stepper.log_probs(state.tokens[:, : t + 1])  # [N*K, V]
         force_eos = (state.max_len <= t + 1).repeat_interleave(k) if t + 1 >= shortest else None
         _constrain(lprobs, t, cfg, force_eos, state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None,
@@ -441,10 +557,16 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
         if not bool(done.any()):
             stepper.reorder(_advance(state, t, scores, beams, tokens, None), same_sentences=True)
         elif bool(done.all()):
-            break
+            state = None
+            continue
         else:
             stepper.reorder(_advance(state, t, scores, beams, tokens, done))
-    return [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in state.finished]
+            drop = state.trim()  # steps before the oldest unfinished sentence began
+            t, shortest = t - drop, shortest - drop
+        t += 1
+    out = [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in finished]
+    firsts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [out[first : first + size] for first, size in zip(firsts, sizes, strict=True)]
 
 
 def _filter(lprobs: Tensor, cfg: SearchConfig) -> Tensor:
