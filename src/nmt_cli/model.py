@@ -8,6 +8,8 @@ Post-LN by default, `LayerNorm(x + Dropout(Sublayer(x)))`; `norm_first=True` giv
 the self-attention keys/values grow by one position a step, the encoder-decoder keys/values are computed once
 in `init_cache()`, and `cache.reorder(index)` follows beam search (or drops finished sentences). One new position
 per row on CPU in eval mode takes `DecoderLayer.step`: the same arithmetic on [R, D] rows, without module calls.
+`cache.join(other)` returns a `JoinedCache`: several batches' caches decoded as one batch (continuous batching in
+`search.beam_search_batches`), each part with its own positions, source and self-attention.
 """
 
 from __future__ import annotations
