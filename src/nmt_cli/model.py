@@ -200,9 +200,6 @@ class JoinedCache:
     def __init__(self, parts: list[DecoderCache]):
         self.parts = parts
 
-    def rows(self) -> int:
-        return sum(p.rows() for p in self.parts)
-
     def join(self, other: DecoderCache) -> JoinedCache:
         self.parts.append(other)
         return self

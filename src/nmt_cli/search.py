@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.nn.functional as F
@@ -565,8 +566,8 @@ def _beam_batches(model, batches: Iterable[tuple[Tensor, Tensor | None]], cfg: S
             t, shortest = t - drop, shortest - drop
         t += 1
     out = [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in finished]
-    firsts = [sum(sizes[:i]) for i in range(len(sizes))]
-    return [out[first : first + size] for first, size in zip(firsts, sizes, strict=True)]
+    ends = list(accumulate(sizes))
+    return [out[end - size : end] for end, size in zip(ends, sizes, strict=True)]
 
 
 def _filter(lprobs: Tensor, cfg: SearchConfig) -> Tensor:
