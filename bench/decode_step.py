@@ -1,13 +1,14 @@
-"""The fixed cost of one incremental decoding step on CPU: `Transformer.decode` of one new position per row, through
-`DecoderLayer.step` (eval mode, what `nmt translate` runs) and through the modules (train mode with every dropout
-at 0: the same arithmetic, the path decoding took before the step existed), alternated in one process.
+"""The cost of one incremental decoding step on CPU (`Transformer.step` plus the beam reorder of the cache, what
+beam search runs per step), for each cache layout, alternated in one process:
+  exact     the default on CPU: attention over exactly the filled positions, the cache re-laid by each reorder
+  static    the layout for compiled steps and CUDA graphs: capacity buckets, masked attention, in-place reorders
+  compiled  static, through torch.compile(fullgraph=True) of the step (inductor; --compile, slow to start)
 
     python bench/decode_step.py                                        # small random model (Multi30k's shape)
     python bench/decode_step.py --checkpoint runs/m30k/run/checkpoint_last.pt --precision int8 --rows 1,20,200
 
 A step of a small model is ~100 small tensor operations; at one row their Python and dispatch cost is nearly all of
-it, and nmt pays it once per step (about 380 steps for the 1000 Multi30k test lines in batches of 2000 tokens).
-Prints ms per step (best of --rounds, each the mean of --steps steps) and the machine's CPU.
+it. Prints ms per step (best of --rounds, each the mean of --steps steps after --start positions) and the CPU.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -40,18 +40,20 @@ def cpu_name() -> str:
     return f"{fields.get('model name', 'unknown CPU')} ({' '.join(simd)})"
 
 
-def per_step_ms(model: Transformer, rows: int, steps: int, train: bool) -> float:
-    model.train(train)
+def per_step_ms(model: Transformer, rows: int, steps: int, layout: str, start: int) -> float:
     src = torch.randint(5, model.config.vocab_size, (rows, 14))
     with torch.inference_mode():
-        cache = model.init_cache(model.encode(src))
-        tokens = torch.randint(5, model.config.vocab_size, (rows, 1))
-        for _ in range(3):
-            model.decode(tokens, cache=cache)
-        start = time.perf_counter()
+        cache = model.init_cache(model.encode(src), static=layout != "exact")
+        tokens = torch.randint(5, model.config.vocab_size, (rows,))
+        same = torch.arange(rows)
+        for _ in range(start):
+            model.step(tokens, cache)
+            cache.reorder(same)
+        begin = time.perf_counter()
         for _ in range(steps):
-            model.decode(tokens, cache=cache)
-        return (time.perf_counter() - start) / steps * 1e3
+            model.step(tokens, cache)
+            cache.reorder(same)
+        return (time.perf_counter() - begin) / steps * 1e3
 
 
 def main() -> None:
@@ -62,6 +64,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--start", type=int, default=10, help="positions decoded before timing")
+    p.add_argument("--compile", action="store_true", help="also time the compiled static step (inductor)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.checkpoint:
@@ -70,23 +74,21 @@ def main() -> None:
         torch.manual_seed(0)
         model = Transformer(ModelConfig(vocab_size=8000, d_model=256, d_ff=1024, n_heads=4, encoder_layers=3,
                                         decoder_layers=3))
-    for module in model.modules():  # train mode without dropout: the module path, same arithmetic
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
+    model.eval()
     if args.precision == "int8":
         from nmt_cli.int8 import quantize_int8
 
         quantize_int8(model)
     print(f"one decoding step, {args.precision}, {args.threads} threads, {cpu_name()}; torch {torch.__version__}")
+    layouts = ["exact", "static"] + (["compiled"] if args.compile else [])
     for rows in (int(r) for r in args.rows.split(",")):
-        times: dict[str, list[float]] = {"step": [], "modules": []}
+        times: dict[str, list[float]] = {name: [] for name in layouts}
         for _ in range(args.rounds):
-            for name in times:
-                times[name].append(per_step_ms(model, rows, args.steps, train=name == "modules"))
-        step, modules = min(times["step"]), min(times["modules"])
-        print(f"  {rows:4d} rows: DecoderLayer.step {step:6.2f} ms, modules {modules:6.2f} ms "
-              f"(step/modules {step / modules:.2f})")
-
+            for name in layouts:
+                model.compile_step(backend="inductor" if name == "compiled" else None)
+                times[name].append(per_step_ms(model, rows, args.steps, name, args.start))
+        model.compile_step(backend=None)
+        print(f"  {rows:4d} rows: " + ", ".join(f"{name} {min(t):6.2f} ms" for name, t in times.items()))
 
 if __name__ == "__main__":
     main()

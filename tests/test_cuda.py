@@ -15,10 +15,11 @@ from helpers_train import poison_loss
 from helpers_translate import make_checkpoint, tiny_config
 from nmt_cli.checkpoint import load
 from nmt_cli.model import Transformer
-from nmt_cli.search import SearchConfig, beam_search, greedy_search
+from nmt_cli.search import SearchConfig, beam_search, decode_batches
 from nmt_cli.training.launch import train
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
+from test_search import FullRecompute
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -130,14 +131,16 @@ def _sources(device, n=12, seed=3):
     return src.to(device), src.eq(0).to(device)
 
 
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("beam", [1, 4])
-def test_cached_decoding_equals_uncached_on_cuda(beam, no_tf32):
+def test_cached_decoding_equals_uncached_on_cuda(beam, static, no_tf32):
+    """The engine (exact and static cache layouts, batches joining) against re-running the decoder on every prefix."""
     model = _tiny_model().cuda()
     src, mask = _sources("cuda")
-    run = greedy_search if beam == 1 else beam_search
     cfg = SearchConfig(beam=beam, max_len_a=1.0, max_len_b=8)
-    cached = run(model, src, mask, cfg)
-    uncached = run(model, src, mask, SearchConfig(beam=beam, max_len_a=1.0, max_len_b=8, use_cache=False))
+    batches = [(src[:6], mask[:6]), (src[6:], mask[6:])]
+    cached = sum(decode_batches(model, batches, cfg, join_below=1.0, static=static), [])
+    uncached = sum(decode_batches(FullRecompute(model), batches, cfg, join_below=1.0), [])
     for a, b in zip(cached, uncached, strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         for x, y in zip(a, b, strict=True):

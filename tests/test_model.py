@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from nmt_cli.config import PRESETS, ModelConfig, preset
 from nmt_cli.errors import ConfigError
-from nmt_cli.model import Transformer, decode_attention, sinusoidal_positions
+from nmt_cli.model import Transformer, attend, sinusoidal_positions
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 
 V = 50
@@ -58,18 +58,24 @@ def test_padding_in_one_row_does_not_affect_other_rows():
     torch.testing.assert_close(full[1:2], alone, atol=1e-5, rtol=1e-5)
 
 
+def _steps(model, cache, tgt):
+    """Decode tgt [R, T] one position at a time with `cache` -> logits [R, T, V]."""
+    return torch.stack([model.step(tgt[:, i], cache) for i in range(tgt.size(1))], dim=1)
+
+
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_incremental_decoding_equals_full_forward(norm_first):
+def test_incremental_decoding_equals_full_forward(norm_first, static):
     model = tiny_model(norm_first=norm_first)
     src, tgt = batch()
     src[0, 5:] = 0
     mask = src.eq(0)
     full = model(src, tgt, mask)
-    cache = model.init_cache(model.encode(src, mask), mask)
-    steps = [model.decode(tgt[:, i : i + 1], cache=cache) for i in range(tgt.size(1))]
-    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
-    assert cache.length == tgt.size(1)
-    assert cache.layers[0].self_k.shape[2] == tgt.size(1)
+    cache = model.init_cache(model.encode(src, mask), mask, static=static)
+    torch.testing.assert_close(_steps(model, cache, tgt), full, atol=1e-5, rtol=1e-5)
+    seg = cache.segments[0]
+    assert seg.length == tgt.size(1) and int(seg.pos) == tgt.size(1)
+    assert not static or seg.kv.size(4) == 16  # static: the first bucket
 
 
 def test_incremental_decoding_after_reorder_equals_full_forward():
@@ -77,88 +83,97 @@ def test_incremental_decoding_after_reorder_equals_full_forward():
     src, tgt = batch(b=3)
     mask = torch.zeros_like(src, dtype=torch.bool)
     cache = model.init_cache(model.encode(src, mask), mask)
-    model.decode(tgt[:, :3], cache=cache)  # a chunk of 3 positions at once
-    order = torch.tensor([2, 0, 0, 1])  # beams move between rows; a row is duplicated
-    cache.reorder(order)
-    step = model.decode(tgt[order, 3:4], cache=cache)
+    _steps(model, cache, tgt[:, :3])
+    order = torch.tensor([2, 0, 0, 1])  # rows move; a row is duplicated (the cache follows rows, whatever they are)
+    cache.segments[0].beams = 1
+    cache.segments[0].reorder(order, order)
+    step = model.step(tgt[order, 3], cache)
     full = model(src[order], tgt[order, :4], mask[order])
-    torch.testing.assert_close(step[:, 0], full[:, 3], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(step, full[:, 3], atol=1e-5, rtol=1e-5)
 
 
-def _steps(model, cache, tgt):
-    """Decode tgt [R, T] one position at a time with `cache` -> logits [R, T, V]."""
-    return torch.cat([model.decode(tgt[:, i : i + 1], cache=cache) for i in range(tgt.size(1))], dim=1)
-
-
-def test_cache_grows_past_its_initial_capacity():
+@pytest.mark.parametrize("static", [False, True])
+def test_cache_grows_past_its_initial_capacity(static):
     model = tiny_model()
-    src, tgt = batch(b=2, t=40)  # the self-attention buffer starts with 16 positions and doubles
+    src, tgt = batch(b=2, t=40)  # the self-attention buffer starts with 16 positions (static: buckets 16, 32, 64)
     mask = torch.zeros_like(src, dtype=torch.bool)
-    cache = model.init_cache(model.encode(src, mask), mask)
+    cache = model.init_cache(model.encode(src, mask), mask, static=static)
     torch.testing.assert_close(_steps(model, cache, tgt), model(src, tgt, mask), atol=1e-5, rtol=1e-5)
-    assert cache.layers[0].kv.size(3) >= 40 and cache.layers[0].self_k.shape[2] == 40
+    assert cache.segments[0].kv.size(4) >= 40 and (not static or cache.segments[0].kv.size(4) == 64)
 
 
-def test_beams_share_encoder_keys_and_equal_full_forward():
+@pytest.mark.parametrize("static", [False, True])
+def test_beams_share_encoder_keys_and_equal_full_forward(static):
     """repeat_beams keeps one cross-attention k/v per sentence (beams folded into the queries), with the same
-    results as giving every row its own copy; beam moves, dropped sentences and mixing reorders stay exact."""
+    results as giving every row its own copy; beam moves and dropped sentences stay exact. A static cache keeps its
+    buffer (same address) while beams move."""
     model = tiny_model()
     src, tgt = batch(b=3, t=6)
     src[1, 4:] = 0
     mask = src.eq(0)
     k = 2
-    cache = model.init_cache(model.encode(src, mask), mask)
+    cache = model.init_cache(model.encode(src, mask), mask, static=static)
     cache.repeat_beams(k)
-    assert cache.beams == k and cache.layers[0].cross_k.size(0) == 3 and cache.src_pad_mask.size(0) == 3
+    seg = cache.segments[0]
+    assert seg.beams == k and seg.cross.size(2) == 3 and seg.src_pad.size(0) == 3 and cache.rows() == 6
     rows = torch.arange(3).repeat_interleave(k)  # [0, 0, 1, 1, 2, 2]
     tgt_rows = tgt[rows].clone()
     tgt_rows[1::2, 1:] = torch.randint(4, V, (3, 5), generator=torch.Generator().manual_seed(5))  # beams differ
     out = _steps(model, cache, tgt_rows[:, :3])
     torch.testing.assert_close(out, model(src[rows], tgt_rows[:, :3], mask[rows]), atol=1e-5, rtol=1e-5)
 
+    address = seg.kv.data_ptr()
     beams_only = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentences
-    cache.reorder_beams(beams_only)
+    cache.reorder(beams_only)
+    assert (seg.kv.data_ptr() == address) == static
     hist = tgt_rows[beams_only]
-    step = model.decode(hist[:, 3:4], cache=cache)
-    torch.testing.assert_close(step[:, 0], model(src[rows], hist[:, :4], mask[rows])[:, 3], atol=1e-5, rtol=1e-5)
+    step = model.step(hist[:, 3], cache)
+    torch.testing.assert_close(step, model(src[rows], hist[:, :4], mask[rows])[:, 3], atol=1e-5, rtol=1e-5)
 
-    drop = torch.tensor([4, 5, 0, 1])  # sentence 1 leaves, sentences 2 and 0 swap: still folded
-    cache.reorder(drop)
-    assert cache.beams == k and cache.layers[0].cross_k.size(0) == 2
-    hist, srows = hist[drop], rows[drop]
-    step = model.decode(hist[:, 4:5], cache=cache)
-    torch.testing.assert_close(step[:, 0], model(src[srows], hist[:, :5], mask[srows])[:, 4], atol=1e-5, rtol=1e-5)
-
-    mixed = torch.tensor([0, 2, 3])  # rows of different sentences in one group: one cross k/v copy per row
-    cache.reorder(mixed)
-    assert cache.beams == 1 and cache.layers[0].cross_k.size(0) == 3
-    hist, srows = hist[mixed], srows[mixed]
-    step = model.decode(hist[:, 5:6], cache=cache)
-    torch.testing.assert_close(step[:, 0], model(src[srows], hist[:, :6], mask[srows])[:, 5], atol=1e-5, rtol=1e-5)
+    drop = torch.tensor([4, 5, 0, 1])  # sentence 1 leaves (sentences kept: 0 and 2, in that order)
+    cache.reorder(drop[[2, 3, 0, 1]], keep=[0, 2])
+    assert seg.beams == k and seg.cross.size(2) == 2
+    hist, srows = hist[drop[[2, 3, 0, 1]]], rows[drop[[2, 3, 0, 1]]]
+    step = model.step(hist[:, 4], cache)
+    torch.testing.assert_close(step, model(src[srows], hist[:, :5], mask[srows])[:, 4], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("norm_first, share", [(False, True), (True, False)])
-def test_one_position_step_equals_the_module_path(norm_first, share):
-    """decode() of one new position in eval mode on CPU takes DecoderLayer.step (no module calls, so forward hooks
-    stay silent); in train mode it takes the modules. Without dropout both give the same logits and caches."""
-    model = tiny_model(norm_first=norm_first, share_embeddings=share, dropout=0.0)
-    src, tgt = batch(b=3, t=5)
-    src[2, 4:] = 0
+def test_joined_segments_decode_with_their_own_positions_and_sources():
+    """Continuous batching in the cache: a batch that joins later keeps its own positions and source (a segment
+    of its own); both batches' steps equal the full forward pass."""
+    model = tiny_model()
+    src, tgt = batch(b=4, t=6)
+    src[3, 3:] = 0
     mask = src.eq(0)
-    calls = []
-    model.decoder_layers[0].ffn.register_forward_hook(lambda *args: calls.append(1))
-    outs = {}
-    with torch.no_grad():
-        for mode in ("eval", "train"):
-            getattr(model, mode)()
-            cache = model.init_cache(model.encode(src, mask), mask)
-            cache.repeat_beams(2)
-            first = _steps(model, cache, tgt[:, :3].repeat_interleave(2, 0))
-            cache.reorder(torch.tensor([1, 1, 4, 5]))  # a beam moves, a sentence leaves
-            outs[mode] = (first, _steps(model, cache, tgt[[0, 0, 2, 2], 3:]), cache.layers[-1].self_k)
-            assert len(calls) == (0 if mode == "eval" else 5)
-    for got, want in zip(outs["eval"], outs["train"], strict=True):
-        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    first = model.init_cache(model.encode(src[:2], mask[:2]), mask[:2])
+    _steps(model, first, tgt[:2, :3])
+    cache = first.join(model.init_cache(model.encode(src[2:, :5], mask[2:, :5]), mask[2:, :5]))
+    assert cache.rows() == 4 and len(cache.segments) == 2
+    for i in range(3):
+        out = model.step(torch.cat([tgt[:2, 3 + i], tgt[2:, i]]), cache)
+        torch.testing.assert_close(out[:2], model(src[:2], tgt[:2, : 4 + i], mask[:2])[:, 3 + i], atol=1e-5,
+                                   rtol=1e-5)
+        torch.testing.assert_close(out[2:], model(src[2:, :5], tgt[2:, : 1 + i], mask[2:, :5])[:, i], atol=1e-5,
+                                   rtol=1e-5)
+    cache.reorder(torch.tensor([1, 3]), keep=[1, 3])  # one sentence of each batch leaves
+    assert [s.sentences for s in cache.segments] == [1, 1]
+
+
+def test_the_static_step_compiles_as_one_graph():
+    """What a CUDA graph capture needs: torch.compile(fullgraph=True) traces the static step whole (a graph break
+    would raise), and its logits equal the eager step's."""
+    model = tiny_model()
+    src, tgt = batch(b=2, t=5)
+    mask = src.eq(0)
+    with torch.inference_mode():
+        eager = _steps(model, model.init_cache(model.encode(src, mask), mask, static=True), tgt)
+    model.compile_step(backend="aot_eager")
+    try:
+        with torch.inference_mode():
+            compiled = _steps(model, model.init_cache(model.encode(src, mask), mask, static=True), tgt)
+    finally:
+        model.compile_step(backend=None)
+    torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=1e-6)
 
 
 def test_positional_encoding_equals_formula():
@@ -240,7 +255,7 @@ def test_gradients_flow_to_all_parameters():
     assert missing == []
 
 
-def test_decode_attention_equals_sdpa_on_strided_cache_slices():
+def test_decoding_attention_equals_sdpa_on_strided_cache_slices():
     """The incremental-decoding attention (float32 over the cache's slices in place) equals PyTorch's SDPA."""
     torch.manual_seed(0)
     buffer = torch.randn(2, 6, 4, 16, 8)  # [2, R, H, capacity, K]: keys/values filled up to position 11
@@ -249,7 +264,9 @@ def test_decode_attention_equals_sdpa_on_strided_cache_slices():
     mask = torch.rand(6, 1, 1, 11) > 0.3
     mask[:, :, :, 0] = True  # every row may attend somewhere
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(decode_attention(q, k, v, mask), expected, atol=1e-6, rtol=1e-5)
-    out = decode_attention(q.bfloat16(), k, v, mask)  # bf16 model, float32 cache: bf16 out, float32 inside
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    pad = (~mask).expand(6, 4, 2, 11).reshape(24, 2, 11)
+    got = attend(q.reshape(24, 2, 8), k.reshape(24, 11, 8), v.reshape(24, 11, 8), pad).view(6, 4, 2, 8)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    out = attend(q.bfloat16().reshape(24, 2, 8), k.reshape(24, 11, 8), v.reshape(24, 11, 8), pad)
+    assert out.dtype == torch.bfloat16  # bf16 model, float32 cache: bf16 out, float32 inside
+    torch.testing.assert_close(out.float().view(6, 4, 2, 8), expected, atol=2e-2, rtol=2e-2)

@@ -8,38 +8,47 @@ import math
 import pytest
 import torch
 
-from nmt_cli import search as search_module
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, preset
+from nmt_cli.decoding import beam as beam_module
+from nmt_cli.decoding.cache import DecoderCache
+from nmt_cli.decoding.config import SearchConfig, length_penalty, max_output_lengths
+from nmt_cli.decoding.scheduler import beam_search, decode_batches, greedy_search, search
+from nmt_cli.decoding.state import SearchState
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import Transformer
-from nmt_cli.search import (
-    Ensemble,
-    SearchConfig,
-    beam_search,
-    greedy_search,
-    length_penalty,
-    max_output_lengths,
-    search,
-)
 
 A, B, C = 4, 5, 6  # scripted token ids (0-3 are pad, unk, bos, eos)
 V = 8
 
 
 class ScriptedCache:
-    """Per-row (source id, generated prefix); reorder follows beams like the real DecoderCache."""
+    """Per-row (source id, generated prefix), behind the search's Cache interface (nmt_cli.decoding.cache.Cache)."""
 
     def __init__(self, src_ids: list[int]):
-        self.rows = [(s, ()) for s in src_ids]
+        self.rows_ = [(s, ()) for s in src_ids]
+        self.newest = len(src_ids)  # rows of the batch that joined last
 
-    def reorder(self, index: torch.Tensor) -> None:
-        self.rows = [self.rows[i] for i in index.tolist()]
+    def rows(self) -> int:
+        return len(self.rows_)
+
+    def reorder(self, index: torch.Tensor, keep=None) -> None:
+        self.rows_ = [self.rows_[i] for i in index.tolist()]
+
+    def repeat_beams(self, k: int, newest: bool = False) -> None:
+        first = len(self.rows_) - self.newest if newest else 0
+        self.rows_ = self.rows_[:first] + [r for r in self.rows_[first:] for _ in range(k)]
+
+    def join(self, other):
+        self.rows_ += other.rows_
+        self.newest = len(other.rows_)
+        return self
 
 
 class ScriptedModel:
     """A decoder whose next-token probabilities are given by hand: script[(source id, prefix)] = {token: p}.
 
-    Unscripted prefixes end the sentence (EOS with probability 1). Works with and without the cache.
+    Unscripted prefixes end the sentence (EOS with probability 1).
     """
 
     def __init__(self, script: dict[tuple[int, tuple[int, ...]], dict[int, float]]):
@@ -49,7 +58,7 @@ class ScriptedModel:
     def encode(self, src, src_pad_mask=None):
         return src[:, :1].float().unsqueeze(-1)  # [B, 1, 1]: the first source id identifies the sentence
 
-    def init_cache(self, memory, src_pad_mask=None):
+    def init_cache(self, memory, src_pad_mask=None, static=False):
         return ScriptedCache([int(x) for x in memory[:, 0, 0]])
 
     def _logits(self, src_id: int, prefix: tuple[int, ...]) -> torch.Tensor:
@@ -58,15 +67,10 @@ class ScriptedModel:
             probs[tok] = p
         return probs.log()
 
-    def decode(self, tgt, memory=None, src_pad_mask=None, cache=None):
-        self.calls += tgt.size(0)
-        if cache is not None:
-            cache.rows = [(s, p + (int(t),)) for (s, p), t in zip(cache.rows, tgt[:, -1], strict=True)]
-            keys = cache.rows
-        else:
-            keys = [(int(memory[r, 0, 0]), tuple(tgt[r].tolist())) for r in range(tgt.size(0))]
-        out = [self._logits(s, tuple(p[1:])) for s, p in keys]  # drop BOS
-        return torch.stack(out).unsqueeze(1)  # [R, 1, V]
+    def step(self, tokens, cache):
+        self.calls += tokens.size(0)
+        cache.rows_ = [(s, p + (int(t),)) for (s, p), t in zip(cache.rows_, tokens, strict=True)]
+        return torch.stack([self._logits(s, p[1:]) for s, p in cache.rows_])  # [R, V] (BOS dropped)
 
 
 def _src(*ids: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,11 +88,10 @@ GARDEN_PATH = {
 }
 
 
-@pytest.mark.parametrize("use_cache", [True, False])
-def test_beam_finds_the_best_sequence_greedy_misses(use_cache):
+def test_beam_finds_the_best_sequence_greedy_misses():
     model = ScriptedModel(GARDEN_PATH)
     src, mask = _src(10)
-    cfg = SearchConfig(beam=2, alpha=0.0, nbest=2, use_cache=use_cache)
+    cfg = SearchConfig(beam=2, alpha=0.0, nbest=2)
     best, second = beam_search(model, src, mask, cfg)[0]
     assert best.tokens == [B] and best.log_prob == pytest.approx(math.log(0.4 * 0.9), abs=1e-6)
     assert second.tokens == [A, A] and second.score == pytest.approx(math.log(0.6 * 0.36), abs=1e-6)
@@ -217,14 +220,64 @@ def test_beam_1_equals_greedy():
     assert search(model, src, mask, cfg) == greedy
 
 
+class FullCache:
+    """The uncached reference behind the Cache interface: each row's own encoder output, padding and tokens so far."""
+
+    def __init__(self, memory: list, mask: list, tokens: list):
+        self.memory, self.mask, self.tokens = memory, mask, tokens
+        self.newest = len(memory)
+
+    def rows(self) -> int:
+        return len(self.memory)
+
+    def reorder(self, index, keep=None) -> None:
+        index = index.tolist()
+        self.memory, self.mask = [self.memory[i] for i in index], [self.mask[i] for i in index]
+        self.tokens = [list(self.tokens[i]) for i in index]
+
+    def repeat_beams(self, k: int, newest: bool = False) -> None:
+        first = self.rows() - self.newest if newest else 0
+        self.reorder(torch.tensor(list(range(first)) + [i for i in range(first, self.rows()) for _ in range(k)]))
+
+    def join(self, other):
+        self.memory, self.mask, self.tokens = self.memory + other.memory, self.mask + other.mask, self.tokens + other.tokens
+        self.newest = other.rows()
+        return self
+
+
+class FullRecompute:
+    """A real Transformer whose step re-runs the decoder over each row's whole prefix (no key/value cache)."""
+
+    def __init__(self, model: Transformer):
+        self.model, self.config = model, model.config
+
+    def encode(self, src, src_pad_mask=None):
+        return self.model.encode(src, src_pad_mask)
+
+    def init_cache(self, memory, src_pad_mask=None, static=False):
+        masks = [None if src_pad_mask is None else src_pad_mask[i : i + 1] for i in range(memory.size(0))]
+        return FullCache([memory[i : i + 1] for i in range(memory.size(0))], masks, [[] for _ in range(memory.size(0))])
+
+    def step(self, tokens, cache):
+        out = []
+        for r, token in enumerate(tokens.tolist()):
+            cache.tokens[r].append(token)
+            prefix = torch.tensor([cache.tokens[r]], device=tokens.device)
+            out.append(self.model.decode(prefix, cache.memory[r], cache.mask[r])[0, -1])
+        return torch.stack(out)
+
+
 @pytest.mark.parametrize("beam,stop", [(1, "beam"), (4, "beam"), (4, "top")])
-def test_cache_equals_no_cache(beam, stop):
+@pytest.mark.parametrize("join", [0.0, 1.0])
+def test_engine_equals_full_recompute(beam, stop, join):
+    """The cached, joined engine gives what re-running the whole decoder on every prefix gives."""
     model = tiny(seed=2)
-    src, mask, _ = mixed_batch(6, seed=3)
+    src, mask, seqs = mixed_batch(12, seed=3)
     cfg = SearchConfig(beam=beam, nbest=beam, stop=stop, **SHORT)
-    cached = search(model, src, mask, cfg)
-    full = search(model, src, mask, dataclasses.replace(cfg, use_cache=False))
-    for c, f in zip(cached, full, strict=True):
+    batches = [(src[:6], mask[:6]), (src[6:], mask[6:])]
+    cached = decode_batches(model, batches, cfg, join_below=join)
+    full = decode_batches(FullRecompute(model), batches, cfg, join_below=join)
+    for c, f in zip(sum(cached, []), sum(full, []), strict=True):
         assert [h.tokens for h in c] == [h.tokens for h in f]
         assert [h.score for h in c] == pytest.approx([h.score for h in f], abs=1e-4)
 
@@ -258,12 +311,12 @@ def test_joined_batches_equal_batches_one_after_the_other(monkeypatch, stop, nbe
         return b, b == PAD_ID
 
     joins = []
-    real_join = search_module._Stepper.join
-    monkeypatch.setattr(search_module._Stepper, "join", lambda self, *a: (joins.append(self.cache), real_join(self, *a)))
-    joined = search_module.beam_search_batches(model, [batch(g) for g in groups], cfg, join_below=1.0)
+    real_join = DecoderCache.join
+    monkeypatch.setattr(DecoderCache, "join", lambda self, other: (joins.append(1), real_join(self, other))[1])
+    joined = decode_batches(model, [batch(g) for g in groups], cfg, join_below=1.0)
     assert len(joins) >= 3  # every batch after the first joined a running one
     count = len(joins)
-    apart = search_module.beam_search_batches(model, [batch(g) for g in groups], cfg, join_below=0.0)
+    apart = decode_batches(model, [batch(g) for g in groups], cfg, join_below=0.0)
     assert len(joins) == count and len(joined) == len(apart) == len(groups)
     for j, a, g in zip(joined, apart, groups, strict=True):
         alone = beam_search(model, *batch(g), cfg)
@@ -273,12 +326,40 @@ def test_joined_batches_equal_batches_one_after_the_other(monkeypatch, stop, nbe
             assert [h.log_prob for h in hj] == pytest.approx([h.log_prob for h in hb], abs=1e-4)
 
 
-def test_joining_needs_cpu_beam_search_without_step_counting_constraints():
-    assert search_module.can_join(SearchConfig(), "cpu")
-    for cfg in (SearchConfig(beam=1), SearchConfig(min_len=2), SearchConfig(no_repeat_ngram=3),
-                SearchConfig(use_cache=False)):
-        assert not search_module.can_join(cfg, "cpu")
-    assert not search_module.can_join(SearchConfig(), "meta")
+@pytest.mark.parametrize("options", [dict(beam=1), dict(beam=4, min_len=3), dict(beam=4, no_repeat_ngram=2),
+                                     dict(beam=1, min_len=2, no_repeat_ngram=1), dict(beam=4, nbest=4)])
+@pytest.mark.parametrize("ensemble", [False, True])
+def test_every_search_joins_batches_with_the_same_outputs(options, ensemble):
+    """Continuous batching is the one loop's: greedy search, the step-counting constraints (counted from each
+    sentence's own start), forced prefixes and ensembles give with joining what they give batch by batch."""
+    model = tiny(seed=6)
+    if ensemble:
+        model = Ensemble([model, tiny(seed=7)])
+    src, mask, seqs = mixed_batch(24, seed=8)
+    cfg = SearchConfig(**options, max_len_a=1.0, max_len_b=8)
+    batches = [(src[i : i + 6], mask[i : i + 6]) for i in range(0, 24, 6)]
+    prefixes = [[[5 + (i % 3)] * (i % 3) for i in range(j, j + 6)] for j in range(0, 24, 6)]
+    for pre in (None, prefixes):
+        joined = decode_batches(model, batches, cfg, pre, join_below=1.0)
+        apart = decode_batches(model, batches, cfg, pre, join_below=0.0)
+        for j, a in zip(sum(joined, []), sum(apart, []), strict=True):
+            assert [h.tokens for h in j] == [h.tokens for h in a]
+            assert [h.score for h in j] == pytest.approx([h.score for h in a], abs=1e-4)
+        if pre:
+            assert all(h[0].tokens[: len(p)] == p for h, p in zip(sum(joined, []), sum(pre, []), strict=True))
+
+
+@pytest.mark.parametrize("check_every", [2, 5])
+def test_checking_every_k_steps_gives_the_same_outputs(check_every):
+    """Done sentences wait for the host's next check in place, masked: nothing they do after is recorded."""
+    model = tiny(seed=9)
+    src, mask, _ = mixed_batch(20, seed=10)
+    batches = [(src[:10], mask[:10]), (src[10:], mask[10:])]
+    for cfg in (SearchConfig(beam=4, nbest=2, **SHORT), SearchConfig(beam=4, stop="top", **SHORT),
+                SearchConfig(beam=1, **SHORT)):
+        every = decode_batches(model, batches, cfg, check_every=1)
+        sparse = decode_batches(model, batches, cfg, check_every=check_every)
+        assert [[h.tokens for h in hs] for hs in sum(every, [])] == [[h.tokens for h in hs] for hs in sum(sparse, [])]
 
 
 def test_outputs_respect_max_length_and_never_hold_specials():
@@ -320,7 +401,7 @@ def test_beam_search_with_block_topk_equals_plain_topk(monkeypatch):
     src[:, -1] = EOS_ID
     cfg = SearchConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=5)
     blocked = beam_search(model, src, src == PAD_ID, cfg)
-    monkeypatch.setattr(search_module, "_block_size", lambda width, k: None)
+    monkeypatch.setattr(beam_module, "_block_size", lambda width, k: None)
     plain = beam_search(model, src, src == PAD_ID, cfg)
     assert [[h.tokens for h in hs] for hs in blocked] == [[h.tokens for h in hs] for hs in plain]
 
@@ -328,15 +409,41 @@ def test_beam_search_with_block_topk_equals_plain_topk(monkeypatch):
 @pytest.mark.parametrize("width", [8000, 37000, 1000, 997])  # blocks of 64, 50, 50; 997 (prime): each beam's own topk
 def test_candidates_are_the_best_over_beams_times_vocabulary(width):
     g = torch.Generator().manual_seed(width)
-    state = search_module._BeamState(5, 4, 3, torch.full((5,), 3), "cpu")
+    state = SearchState(4, 5, torch.full((5,), 3), 4, None, 0, "cpu")
     state.scores = torch.randn(5, 4, generator=g) * 3
     state.scores[0, 1:] = float("-inf")  # a sentence at its first step: one live beam
     lprobs = torch.randn(20, width, generator=g).log_softmax(-1)
     lprobs[4:8, 100] = 5.0  # one token far ahead in every beam of sentence 1
-    scores, beams, tokens = search_module._candidates(state, lprobs)
+    scores, beams, tokens = beam_module.candidates(state, lprobs)
     total = (lprobs.view(5, 4, width) + state.scores.unsqueeze(2)).view(5, -1)
     want, _ = total.topk(8, dim=1)
     torch.testing.assert_close(scores, want)
     rows = torch.arange(5).unsqueeze(1) * 4 + beams
     torch.testing.assert_close(lprobs[rows, tokens] + state.scores.gather(1, beams), scores)
     assert all(len(set(zip(b, t, strict=True))) == 8 for b, t in zip(beams.tolist(), tokens.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_a_search_through_the_compiled_static_step_equals_the_eager_one(beam):
+    """The proof that the step is ready for CUDA graphs: beam search and greedy search (continuous batching
+    included) run through `torch.compile(fullgraph=True, dynamic=False)` of the static step, which fails on any
+    graph break, and give the eager static step's outputs; those equal the default (exact) layout's. The light
+    `aot_eager` backend keeps it quick; the number of distinct graphs stays small (buckets, halving batches)."""
+    torch._dynamo.reset()
+    model = tiny(seed=12)
+    src, mask, _ = mixed_batch(16, seed=13)
+    cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=10)
+    batches = [(src[:8], mask[:8]), (src[8:], mask[8:])]
+    exact = decode_batches(model, batches, cfg)
+    static = decode_batches(model, batches, cfg, static=True)
+    model.compile_step(backend="aot_eager")
+    try:
+        compiled = decode_batches(model, batches, cfg, static=True)
+    finally:
+        model.compile_step(backend=None)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    tokens = [[[h.tokens for h in hs] for hs in sum(result, [])] for result in (exact, static, compiled)]
+    assert tokens[2] == tokens[1] == tokens[0]
+    for c, s in zip(sum(compiled, []), sum(static, []), strict=True):
+        assert [h.score for h in c] == [h.score for h in s]
+    assert 1 <= graphs <= 24, graphs

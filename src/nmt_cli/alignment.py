@@ -1,9 +1,9 @@
 """Per-token scores and source-target alignments of finished translations, from one teacher-forced pass.
 
-The search never computes attention weights (its attention runs in fused kernels); when `--token-scores`,
+The search keeps no attention weights; when `--token-scores`,
 `--print-alignment` or `--replace-unk` ask for them, the chosen hypotheses go through the model once more,
 teacher-forced, and one decoder layer's encoder-decoder attention is read there, averaged over its heads (as
-fairseq's `--print-alignment`). The alignment of target token j is the source token it attends to most when the
+fairseq's `--print-alignment`), with the formula decoding uses (`model.attention_weights`). The alignment of target token j is the source token it attends to most when the
 model predicts it; the source's EOS is never a link.
 
 Formats (documented in docs/translate.md):
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt_cli.model import attention_weights
 
 
 @dataclass
@@ -55,10 +56,12 @@ def analyse(model, src: list[list[int]], hyps: list[list[int]], layer: int = -1)
     def hook(module, args, kwargs, output):
         x, memory = args[0], kwargs["memory"]
         q = module._split(module.q_proj(x)).float()  # [B, H, T, K]
-        k, _ = module.project_kv(memory)
-        scores = q @ k.float().transpose(-2, -1) * module.d_k**-0.5  # [B, H, T, S]
-        scores = scores.masked_fill(mask[:, None, None, :], float("-inf"))
-        captured["attn"] = scores.softmax(-1).mean(1)  # [B, T, S]
+        k = module.project_kv(memory)[0].float()  # [B, H, S, K]
+        b, h, t, d = q.shape
+        s = k.size(2)
+        pad = mask[:, None, None, :].expand(b, h, 1, s).reshape(b * h, 1, s)
+        weights = attention_weights(q.reshape(b * h, t, d), k.reshape(b * h, s, d), pad)  # decoding's own formula
+        captured["attn"] = weights.view(b, h, t, s).mean(1)  # [B, T, S]
 
     handle = attention.register_forward_hook(hook, with_kwargs=True)
     try:

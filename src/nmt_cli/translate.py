@@ -25,9 +25,10 @@ from nmt_cli import checkpoint as ckpt_io
 from nmt_cli import hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
+from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig, decode_batches
+from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError
 from nmt_cli.lines import iter_lines
-from nmt_cli.search import Ensemble, Hypothesis, SearchConfig, beam_search_batches, can_join, search
 from nmt_cli.training import checkpoints as training_ckpts
 from nmt_cli.training.runtime import cpu_has_fast_bf16, gpu_has_native_bf16
 
@@ -47,7 +48,7 @@ class TranslateConfig:
     buffer_size: int = 2000  # input lines per chunk (output is flushed after each chunk)
     max_tokens: int | None = None  # padded source tokens per batch; None: DEFAULT_MAX_TOKENS of the device
     max_sentences: int = 512  # sentences per batch
-    join_batches: bool = True  # CPU beam search: a batch joins the running one's tail (search.beam_search_batches)
+    join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
     token_scores: bool = False  # add a column: the log-probability of each target piece and EOS
@@ -299,11 +300,9 @@ class Translator:
                                            for i in range(len(sources))]
         batches = list(self.batches(sources))
         cfg = self.config.search
-        if self.config.join_batches and not prefixes and can_join(cfg, self.device):
-            per_batch = beam_search_batches(self.model, (self._tensor([sources[i] for i in b]) for b in batches), cfg)
-        else:
-            per_batch = (search(self.model, *self._tensor([sources[i] for i in b]), cfg,
-                                [prefixes[i] for i in b] if prefixes else None, self.generator) for b in batches)
+        per_batch = decode_batches(self.model, (self._tensor([sources[i] for i in b]) for b in batches), cfg,
+                                   ([prefixes[i] for i in b] for b in batches) if prefixes else None, self.generator,
+                                   JOIN_BELOW if self.config.join_batches else 0.0)
         for batch, found in zip(batches, per_batch, strict=True):
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps

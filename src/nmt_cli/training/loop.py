@@ -329,7 +329,7 @@ class Trainer:
         import sacrebleu
 
         from nmt_cli.data.tokenizer import Tokenizer
-        from nmt_cli.search import SearchConfig, beam_search
+        from nmt_cli.decoding import SearchConfig, beam_search
 
         tok, data, rt = Tokenizer(self.tokenizer), self.valid_data, self.rt
         search_cfg = SearchConfig(beam=self.cfg.valid_beam)

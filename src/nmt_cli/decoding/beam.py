@@ -1,0 +1,122 @@
+"""Beam search (fairseq's scheme) as tensor operations over a SearchState: no host sync within a step.
+
+Every step picks the 2K best (beam, token) candidates per sentence over K x V, records the EOS candidates among the
+first K as finished hypotheses (into the state's buffers, at most K per sentence), and continues with the K best
+others. A sentence is done when it holds K finished hypotheses or reaches its maximum length (where EOS is forced);
+with `stop="top"` also once a step's best candidate was EOS and `nbest` hypotheses have finished (the rule of
+OpenNMT-py, and of CTranslate2 without a length penalty). Done sentences stay in place until the scheduler's next
+host check, where they leave; nothing they do after `done` is recorded.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from nmt_cli.config import EOS_ID
+from nmt_cli.decoding.config import SearchConfig
+from nmt_cli.decoding.state import SearchState
+
+
+class BeamSearch:
+    """`select` chooses and records; `advance` moves the beams and returns the rows the cache must follow."""
+
+    beam = True
+
+    def __init__(self, cfg: SearchConfig):
+        self.cfg = cfg
+        self.per = cfg.beam
+
+    def select(self, state: SearchState, t: int, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """lprobs [N*K, V] (constrained) -> the step's candidates (scores, beams, tokens, each [N, 2K]); records
+        finished hypotheses and updates `state.done`."""
+        scores, beams, tokens = candidates(state, lprobs)
+        finalize(state, t, scores, beams, tokens, self.cfg)
+        return scores, beams, tokens
+
+    def advance(self, state: SearchState, t: int, chosen: tuple[Tensor, Tensor, Tensor], keep: list[int] | None,
+                ) -> Tensor:
+        """Continue each kept sentence (all, when `keep` is None) with its K best non-EOS candidates; -> the rows
+        of the old batch they extend [N'*K]."""
+        scores, beams, tokens = chosen
+        k, width = state.per, scores.size(1)
+        rank = torch.arange(width, device=scores.device)
+        order = (rank + (tokens == EOS_ID).long() * width).argsort(dim=1)[:, :k]  # non-EOS first, by rank
+        first_row = state.first_rows()
+        if keep is not None:
+            index = torch.tensor(keep, device=scores.device)
+            order, beams, tokens, scores = order[index], beams[index], tokens[index], scores[index]
+            first_row = first_row[index]
+            state.keep(keep, tokens=False)
+        rows = (first_row + beams.gather(1, order)).view(-1)  # [N'*K] rows of the old batch
+        state.tokens = state.tokens.index_select(0, rows)
+        state.tokens[:, t + 1] = tokens.gather(1, order).view(-1)
+        state.scores = scores.gather(1, order)
+        return rows
+
+
+def _block_size(width: int, k: int) -> int | None:
+    """A divisor of `width` near 64 leaving at least k blocks, for `candidates`; None: use a plain topk."""
+    for size in (64, 50, 60, 40, 74, 80, 100, 32, 125, 128):
+        if width % size == 0 and width // size >= k:
+            return size
+    return None
+
+
+def candidates(state: SearchState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] -> scores, beams, tokens, each [N, 2K].
+
+    The full [N*K, V] matrix is never added to or sorted. On CPU the vocabulary is cut into blocks of ~64 tokens:
+    the 2K best candidates lie in the 2K (beam, block) pairs whose block maximum plus the beam's score is highest,
+    so one max over blocks, a topk over K x blocks and a topk over 2K blocks per sentence do the work. Otherwise
+    each beam's 2K best tokens, plus the beam's score, are the only candidates."""
+    k, k2 = state.per, 2 * state.per
+    n, width = state.n, lprobs.size(1)
+    block = _block_size(width, k2) if lprobs.device.type == "cpu" and width >= 16 * k2 else None
+    if block is None:
+        row_scores, row_tokens = lprobs.topk(min(k2, width), dim=1)  # [N*K, 2K']
+        total = row_scores.add_(state.scores.view(-1, 1)).view(n, -1)  # [N, K*2K']
+        top_scores, top_idx = total.topk(min(k2, total.size(1)), dim=1)  # [N, 2K]
+        per_row = row_scores.size(1)
+        return (top_scores, torch.div(top_idx, per_row, rounding_mode="floor"),
+                row_tokens.view(n, -1).gather(1, top_idx))
+    blocks = width // block
+    beam_scores = state.scores.view(-1, 1)  # [N*K, 1]
+    maxima = lprobs.view(n * k, blocks, block).amax(dim=2).add_(beam_scores)  # [N*K, blocks]
+    best = maxima.view(n, k * blocks).topk(k2, dim=1).indices  # [N, 2K] over (beam, block)
+    first_row = state.first_rows()
+    rows = torch.div(best, blocks, rounding_mode="floor") + first_row
+    picked = rows * blocks + best % blocks  # [N, 2K] index into the [N*K*blocks, block] view
+    values = lprobs.view(-1, block).index_select(0, picked.view(-1)).view(n, k2, block)
+    values = values.add_(beam_scores.view(-1)[rows].unsqueeze(2)).view(n, -1)  # [N, 2K*block]
+    top_scores, top_idx = values.topk(k2, dim=1)  # [N, 2K]
+    which = torch.div(top_idx, block, rounding_mode="floor")  # the chosen pair of each candidate
+    tokens = (best % blocks).gather(1, which) * block + top_idx % block
+    return top_scores, rows.gather(1, which) - first_row, tokens
+
+
+def finalize(state: SearchState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, cfg: SearchConfig) -> None:
+    """Record the EOS candidates ranked within the first K, in rank order, while a sentence holds fewer than K
+    finished hypotheses; update `state.done`. Tensor operations only: the slot of each EOS candidate is its
+    sentence's count plus its rank among them, and each slot takes the candidate aimed at it (if any)."""
+    k = state.per
+    eos = (tokens[:, :k] == EOS_ID) & torch.isfinite(scores[:, :k]) & ~state.done.unsqueeze(1)  # [N, K]
+    if cfg.stop == "top":
+        state.top_ended |= eos[:, 0]
+    slot = state.count.unsqueeze(1) + eos.long().cumsum(1) - 1  # [N, K] the slot each EOS candidate would fill
+    accept = eos & (slot < k)
+    slots = torch.arange(k, device=scores.device)
+    aimed = accept.unsqueeze(2) & (slot.unsqueeze(2) == slots)  # [N, rank, slot]
+    written = aimed.any(1)  # [N, slot]
+    rank = (aimed.long() * slots.view(1, k, 1)).sum(1)  # [N, slot] the rank written there (0 where none)
+    rows = (state.first_rows() + beams.gather(1, rank)).view(-1)  # the row each written slot extends
+    width = state.tokens.size(1)
+    state.fin_tokens = torch.where(written.unsqueeze(2), state.tokens.index_select(0, rows).view(-1, k, width),
+                                   state.fin_tokens)
+    state.fin_lp = torch.where(written, scores.gather(1, rank), state.fin_lp)
+    state.fin_len = torch.where(written, state.own_len(t), state.fin_len)
+    state.count += accept.sum(1)
+    done = state.done | (state.count >= k) | (state.max_len <= t + 1)
+    if cfg.stop == "top":
+        done |= state.top_ended & (state.count >= cfg.nbest)
+    state.done = done

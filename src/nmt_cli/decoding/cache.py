@@ -1,0 +1,208 @@
+"""The decoder cache: the interface the search uses (`Cache`), and its one implementation (`DecoderCache`).
+
+A `DecoderCache` holds one or more `Segment`s, in row order: one per batch that joined (continuous batching), each
+with its own positions and source. A segment keeps
+  - the self-attention keys and values of every decoder layer in one preallocated buffer `kv` [L, 2, R, H, C, K],
+    written by index at position `pos` (a [1] tensor, so a step never reads a Python int to know where);
+  - the encoder-decoder keys and values `cross` [L, 2, N, H, S, K], computed once per sentence and shared by its
+    `beams` consecutive rows (R = N x beams, sentence-major; attention folds the beams into the query dimension);
+  - the source padding mask, laid out once as [N x H, 1, S] for attention.
+
+Two layouts, one code path:
+  - exact (CPU eager, the default): attention reads exactly the `length + 1` filled positions, and every reorder
+    gathers them into the spare buffer with room for exactly one more, so the keys and values a step reads are
+    contiguous (up to 2x faster on CPU than a slice of a larger buffer). Shapes change every step, which costs
+    nothing in eager mode.
+  - static (for torch.compile and CUDA graphs): the capacity C comes from a few buckets (16, 32, 64, ...), attention
+    reads all C positions with the unfilled ones masked, and reorders gather in place, so the buffers keep their
+    addresses and a step's shapes change only when a bucket does.
+The host side (`make_room`, `advance`) runs around the step; the step itself (`Transformer.static_step`) reads only
+tensors and bucket-level ints.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class Cache(Protocol):
+    """What a search asks of a decoder cache (DecoderCache; ensemble.EnsembleCache composes several)."""
+
+    def rows(self) -> int:
+        """Decoder rows (sentences x beams, over all segments)."""
+
+    def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
+        """The new rows are old rows `rows` [R']. `keep` None: every row keeps its sentence (beams move within their
+        sentences). Else the sentences kept (ascending indices over all segments), `rows` sentence-major over
+        them, `beams` rows each."""
+
+    def repeat_beams(self, k: int, newest: bool = False) -> None:
+        """Each row becomes k consecutive rows (of the same sentence); `newest`: only the segment that joined last."""
+
+    def join(self, other: Cache) -> Cache:
+        """This cache's rows, then `other`'s, decoded as one batch; returns the joined cache (this one)."""
+
+
+class Segment:
+    """One batch's rows in the cache (see the module docstring). cross [L, 2, N, H, S, K], src_pad [N, S] or None."""
+
+    def __init__(self, cross: Tensor, src_pad: Tensor | None, static: bool):
+        self.cross = cross
+        self.static = static
+        self.beams = 1
+        self.length = 0  # positions decoded (host)
+        self.pos = torch.zeros(1, dtype=torch.long, device=cross.device)  # the same, on the device
+        self.kv: Tensor | None = None  # [L, 2, R, H, C, K], positions [0, length) filled
+        self._flat: list[Tensor | None] = [None, None]  # exact layout: the two buffers `kv` alternates between
+        self._in_use = 0
+        self._arange: Tensor | None = None  # static layout: [C] position indices, for the mask
+        self._set_pad(src_pad)
+
+    def _set_pad(self, src_pad: Tensor | None) -> None:
+        self.src_pad = src_pad
+        heads = self.cross.size(3)
+        self.pad = None if src_pad is None else src_pad.repeat_interleave(heads, 0).unsqueeze(1)  # [N*H, 1, S]
+
+    @property
+    def sentences(self) -> int:
+        return self.cross.size(2)
+
+    @property
+    def rows(self) -> int:
+        return self.sentences * self.beams
+
+    @property
+    def window(self) -> int:
+        """Positions a step's self-attention reads: the filled ones (exact) or the capacity (static)."""
+        return self.kv.size(4) if self.static else self.length + 1
+
+    def self_mask(self) -> Tensor | None:
+        """Static layout: True at the positions a step must not attend to ([1, 1, C]); exact: None."""
+        if not self.static:
+            return None
+        return (self._arange > self.pos).view(1, 1, -1)
+
+    def make_room(self) -> None:
+        """Before a step: a buffer with room for position `length` (host; grows at bucket boundaries)."""
+        need = self.length + 1
+        if self.kv is not None and self.kv.size(4) >= need:
+            return
+        capacity = _bucket(need) if self.static else max(16, 2 * need)
+        layers, _, _, heads, _, d_k = self.cross.shape
+        grown = self._layout(layers, self.rows, heads, capacity, d_k)
+        if self.kv is not None:
+            grown[..., : self.length, :] = self.kv[..., : self.length, :]
+        self.kv = grown
+
+    def _layout(self, layers: int, rows: int, heads: int, capacity: int, d_k: int) -> Tensor:
+        """A [L, 2, rows, H, capacity, K] buffer: static, a new zeroed one (masked positions must hold no NaN);
+        exact, a view of the flat buffer not backing `kv` (grown when too small, smaller again when 4x too large:
+        a joined batch's long-lived last rows would otherwise keep its first steps' memory)."""
+        shape = (layers, 2, rows, heads, capacity, d_k)
+        if self.static:
+            self._arange = torch.arange(capacity, device=self.cross.device)
+            return self.cross.new_zeros(shape)
+        self._in_use = spare = 1 - self._in_use
+        need = layers * 2 * rows * heads * capacity * d_k
+        if self._flat[spare] is None or not need <= self._flat[spare].numel() <= 4 * need + 4096:
+            self._flat[spare] = self.cross.new_empty(need + need // 4)  # room to grow a few steps
+        return self._flat[spare][:need].view(shape)
+
+    def advance(self) -> None:
+        """After a step: one position more."""
+        self.length += 1
+        self.pos += 1
+
+    def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
+        """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences."""
+        if sentences is not None:
+            self.cross = self.cross.index_select(2, sentences)
+            self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
+        if self.kv is None:
+            return
+        if self.static and rows.numel() == self.kv.size(2):  # in place: the buffer keeps its address
+            self.kv.copy_(self.kv.index_select(2, rows))
+            return
+        layers, _, _, heads, capacity, d_k = self.kv.shape
+        extent = capacity if self.static else self.length  # static: every position (no shape from the length)
+        target = self._layout(layers, rows.numel(), heads, capacity if self.static else self.length + 1, d_k)
+        filled, out = self.kv[..., :extent, :], target[..., :extent, :]
+        if filled.requires_grad:  # (autograd does not support out=)
+            out.copy_(filled.index_select(2, rows))
+        else:
+            torch.index_select(filled, 2, rows, out=out)
+        self.kv = target
+
+    def repeat_beams(self, k: int) -> None:
+        if k == 1:
+            return
+        if self.kv is not None:
+            self.reorder(torch.arange(self.rows, device=self.cross.device).repeat_interleave(k), None)
+        self.beams *= k
+
+
+class DecoderCache:
+    """Incremental-decoding state of the whole decoder stack (see the module docstring). Implements `Cache`."""
+
+    def __init__(self, segments: list[Segment]):
+        self.segments = segments
+
+    def rows(self) -> int:
+        return sum(s.rows for s in self.segments)
+
+    def make_room(self, max_positions: int) -> None:
+        for s in self.segments:
+            if s.length >= max_positions:
+                raise ValueError(f"sequence of {s.length + 1} tokens exceeds max_positions {max_positions}")
+            s.make_room()
+
+    def advance(self) -> None:
+        for s in self.segments:
+            s.advance()
+
+    def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
+        if len(self.segments) == 1:
+            seg = self.segments[0]
+            sentences = None
+            if keep is not None and len(keep) < seg.sentences:
+                sentences = torch.tensor(keep, device=rows.device)
+            seg.reorder(rows, sentences)
+            return
+        kept, row_start, first_sentence, first_row = [], 0, 0, 0
+        for seg in self.segments:
+            sentences, old_rows = seg.sentences, seg.rows
+            if keep is None:
+                mine, count = None, sentences
+            else:
+                mine = [i - first_sentence for i in keep if first_sentence <= i < first_sentence + sentences]
+                count = len(mine)
+            n_rows = count * seg.beams
+            if count:
+                local = rows[row_start : row_start + n_rows] - first_row
+                chosen = None if mine is None or count == sentences else torch.tensor(mine, device=rows.device)
+                seg.reorder(local, chosen)
+                kept.append(seg)
+            row_start += n_rows
+            first_sentence += sentences
+            first_row += old_rows
+        self.segments = kept
+
+    def repeat_beams(self, k: int, newest: bool = False) -> None:
+        for seg in self.segments[-1:] if newest else self.segments:
+            seg.repeat_beams(k)
+
+    def join(self, other: DecoderCache) -> DecoderCache:
+        self.segments += other.segments
+        return self
+
+
+def _bucket(n: int) -> int:
+    for b in BUCKETS:
+        if n <= b:
+            return b
+    return -(-n // BUCKETS[-1]) * BUCKETS[-1]

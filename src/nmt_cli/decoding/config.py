@@ -1,0 +1,94 @@
+"""Search settings, the finished hypothesis, the length penalty and maximum output lengths.
+
+Scores: `score = sum(log p) / lp(len)`, where `len` counts the generated tokens including EOS (not BOS) and `lp` is
+the GNMT form `((5 + len) / 6) ** alpha` or the fairseq form `len ** alpha`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from nmt_cli.errors import ConfigError
+
+LENGTH_PENALTIES = ("gnmt", "fairseq")
+STOP_RULES = ("beam", "top")
+
+
+@dataclass
+class SearchConfig:
+    """Search settings. Defaults are the paper's: beam 4, alpha 0.6, max output length = source length + 50."""
+
+    beam: int = 4
+    alpha: float = 0.6  # length penalty exponent (0 disables it)
+    lp: str = "gnmt"  # "gnmt": ((5 + len) / 6) ** alpha; "fairseq": len ** alpha
+    max_len_a: float = 1.0  # maximum output tokens = a * source tokens + b (both counting EOS)
+    max_len_b: int = 50
+    nbest: int = 1  # hypotheses returned per sentence (at most `beam`)
+    stop: str = "beam"  # "beam": done when `beam` hypotheses ended (fairseq); "top": when the top candidate ended
+    min_len: int = 0  # generated tokens (EOS excluded) before EOS is allowed
+    no_repeat_ngram: int = 0  # > 0: no n-gram of this size occurs twice in a hypothesis
+    sampling: bool = False  # draw `nbest` samples per sentence instead of searching
+    topk: int = 0  # sampling: draw from the k most probable tokens only (0: all)
+    topp: float = 1.0  # sampling: from the smallest set of tokens whose probability reaches p (1: all)
+    temperature: float = 1.0  # sampling: divide the logits by it
+    seed: int | None = None  # sampling: random seed (same seed, input and batching: same samples)
+
+    def validate(self) -> SearchConfig:
+        if self.beam < 1:
+            raise ConfigError(f"beam size must be at least 1, got {self.beam}")
+        if self.nbest < 1:
+            raise ConfigError(f"nbest must be at least 1, got {self.nbest}")
+        if self.lp not in LENGTH_PENALTIES:
+            raise ConfigError(f"unknown length penalty form {self.lp!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
+        if self.stop not in STOP_RULES:
+            raise ConfigError(f"unknown stop rule {self.stop!r}; choose one of {', '.join(STOP_RULES)}")
+        if self.alpha < 0:
+            raise ConfigError(f"length penalty alpha must be >= 0, got {self.alpha}")
+        if self.max_len_a < 0 or self.max_len_b < 0 or (self.max_len_a == 0 and self.max_len_b == 0):
+            raise ConfigError("max-len-a and max-len-b must be >= 0 and not both 0")
+        if self.min_len < 0:
+            raise ConfigError(f"min-len must be >= 0, got {self.min_len}")
+        if self.no_repeat_ngram < 0:
+            raise ConfigError(f"no-repeat-ngram must be >= 0 (0 disables it), got {self.no_repeat_ngram}")
+        if self.topk < 0:
+            raise ConfigError(f"topk must be >= 0 (0 disables it), got {self.topk}")
+        if not 0.0 < self.topp <= 1.0:
+            raise ConfigError(f"topp must be in (0, 1], got {self.topp}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+        if (self.topk or self.topp < 1.0 or self.temperature != 1.0) and not self.sampling:
+            raise ConfigError("topk, topp and temperature only apply with sampling; add --sampling")
+        if self.sampling:
+            self.nbest = max(1, self.nbest)
+        elif not 1 <= self.nbest <= self.beam:
+            raise ConfigError(f"nbest must be between 1 and the beam size ({self.beam}), got {self.nbest}")
+        return self
+
+
+@dataclass
+class Hypothesis:
+    """One finished translation."""
+
+    tokens: list[int]  # generated ids, without BOS and EOS
+    score: float  # sum of log-probabilities (EOS included) / length penalty
+    log_prob: float  # sum of log-probabilities (EOS included)
+
+
+def length_penalty(length: int, alpha: float, form: str = "gnmt") -> float:
+    """lp(len): GNMT ((5 + len) / 6) ** alpha (Wu et al., 2016) or fairseq len ** alpha."""
+    if form == "gnmt":
+        return ((5.0 + length) / 6.0) ** alpha
+    if form == "fairseq":
+        return float(length) ** alpha
+    raise ConfigError(f"unknown length penalty form {form!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
+
+
+def max_output_lengths(src_pad_mask: Tensor | None, src: Tensor, cfg: SearchConfig, limit: int | None) -> Tensor:
+    """Maximum generated tokens (EOS included) per sentence: a * source tokens + b, capped at `limit`.  -> [B]"""
+    src_len = src.new_full((src.size(0),), src.size(1)) if src_pad_mask is None else (~src_pad_mask).sum(1)
+    max_len = (src_len.double() * cfg.max_len_a).long() + cfg.max_len_b
+    if limit is not None:
+        max_len = max_len.clamp(max=limit)
+    return max_len.clamp(min=1)

@@ -1,0 +1,191 @@
+"""The one decoding loop: batches in, hypotheses out, for every search (beam, greedy, sampling), ensemble and device.
+
+Per step: the model's step (`model.step(last tokens, cache) -> logits`, one position per row) -> log-softmax ->
+the constraints -> the search's `select` (choose and record, tensor operations only). The host looks at which
+sentences are done only every `check_every` steps (and when every sentence must be): then done sentences leave the
+batch (their hypotheses read once, their rows dropped from the cache by the same gather that follows the beams), and
+the next batch may join.
+
+Continuous batching: once the running batch is down to `join_below` x the next batch's sentences, the next batch
+joins it instead of waiting. Its sentences count steps, positions and maximum lengths from the step they joined at,
+and their cache is a segment of its own (cache.py), so attention sees exactly their positions and source; the rest
+of a step (projections, feed-forward layers, output layer, log-softmax, search) runs once over all rows. The last,
+few-row steps of every batch, which cost nearly a full step each on CPU, are shared with the next batch's first.
+As at a batch's first step, a joined sentence's first step decodes one row, which then becomes `per` rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from itertools import accumulate
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt_cli.config import PAD_ID
+from nmt_cli.decoding.beam import BeamSearch
+from nmt_cli.decoding.config import Hypothesis, SearchConfig, max_output_lengths
+from nmt_cli.decoding.constraints import constrain, prefix_tensor
+from nmt_cli.decoding.sampling import Sampling
+from nmt_cli.decoding.state import SearchState
+
+JOIN_BELOW = 0.5  # the next batch joins once the running one is down to half its size (measured: docs/results.md)
+CHECK_EVERY = 1  # host checks on CPU, where reading a flag costs nothing and finished sentences leaving at once pays
+
+Batch = tuple[Tensor, Tensor | None]  # src [B, S], src_pad_mask [B, S] (True at padding) or None
+
+
+def algorithm(cfg: SearchConfig, generator: torch.Generator | None = None, device="cpu") -> BeamSearch | Sampling:
+    """Sampling when asked (seeded with `cfg.seed` when no generator is given), greedy search for beam 1, else beam
+    search."""
+    if cfg.sampling:
+        if generator is None:
+            generator = torch.Generator(device=device)
+            if cfg.seed is not None:
+                generator.manual_seed(cfg.seed)
+        return Sampling(cfg, generator)
+    return Sampling(cfg) if cfg.beam == 1 else BeamSearch(cfg)
+
+
+@torch.inference_mode()
+def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes: Iterable[list[list[int]] | None]
+                   | None = None, generator: torch.Generator | None = None, join_below: float = JOIN_BELOW,
+                   check_every: int = CHECK_EVERY, static: bool = False, search: BeamSearch | Sampling | None = None,
+                   ) -> list[list[list[Hypothesis]]]:
+    """Search every batch -> per batch, per sentence, its hypotheses (best first; samples in the order drawn).
+
+    `prefixes`: per batch, the target token ids each output must start with (one list per sentence), or None.
+    `join_below` 0 runs the batches one after the other. `static`: static caches (cache.py), for compiled steps;
+    then done sentences leave only once at most half of a batch is left, so a step's row count halves at most
+    log2(batch) times.
+    `search`: the algorithm (default `algorithm(cfg, generator)`)."""
+    cfg = cfg.validate()
+    pending = iter(batches)
+    upcoming = next(pending, None)
+    if upcoming is None:
+        return []
+    search = search or algorithm(cfg, generator, upcoming[0].device)
+    per = search.per
+    results: list[list[Hypothesis]] = []  # per sentence, in batch order
+    sizes: list[int] = []
+    prefix_iter = iter(prefixes) if prefixes is not None else None
+    state: SearchState | None = None
+    t = shortest = latest = 0
+    checked = True  # the host knows which sentences are done (right after a check)
+    while upcoming is not None or state is not None:
+        if state is None or (join_below and checked and upcoming is not None
+                             and state.n <= join_below * upcoming[0].size(0)):
+            src, src_pad_mask = upcoming
+            upcoming = next(pending, None)
+            prefix = prefix_tensor(next(prefix_iter) if prefix_iter else None, src.size(0), src.device)
+            memory, max_len = _start(model, src, src_pad_mask, cfg, prefix)
+            cache_new = model.init_cache(memory, src_pad_mask, static)
+            n = src.size(0)
+            if state is None:  # start afresh: all `per` rows of a sentence start identical, decode one row each
+                cache = cache_new
+                state = SearchState(per, n, max_len, int(max_len.max()) + 1, prefix, len(results), src.device,
+                                    search.beam)
+                t, shortest, latest = 0, int(max_len.min()), int(max_len.max())
+                lprobs = _log_probs(model, state.tokens[::per, 0].contiguous(), cache).repeat_interleave(per, dim=0)
+                cache.repeat_beams(per)
+            else:  # join the running batch at step t (> 0)
+                cache = cache.join(cache_new)
+                old_rows = state.tokens.size(0)
+                state.join(n, max_len, prefix, t, len(results))
+                shortest, latest = min(shortest, t + int(max_len.min())), max(latest, t + int(max_len.max()))
+                last = state.tokens[:, t]
+                lprobs = _log_probs(model, torch.cat([last[:old_rows], last[old_rows::per]]), cache)
+                if per > 1:
+                    lprobs = torch.cat([lprobs[:old_rows], lprobs[old_rows:].repeat_interleave(per, dim=0)])
+                cache.repeat_beams(per, newest=True)
+            results += [[] for _ in range(n)]
+            sizes.append(n)
+        else:
+            lprobs = _log_probs(model, state.tokens[:, t].contiguous(), cache)  # [N*per, V]
+        force_eos = state.max_len.repeat_interleave(per) <= t + 1 if t + 1 >= shortest else None
+        constrain(lprobs, cfg, state.own_t(t), force_eos, state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None,
+                  state.forced(t))
+        chosen = search.select(state, t, lprobs)
+        checked = (t + 1) % check_every == 0 or t + 1 >= latest
+        keep = None
+        if checked:
+            done = state.done.tolist()
+            if any(done):
+                leaving = [i for i, d in enumerate(done) if d]
+                if len(leaving) == len(done):
+                    for i, hyps in zip(leaving, state.hypotheses(leaving, cfg.alpha, cfg.lp), strict=True):
+                        results[state.ids[i]] = hyps
+                    state = None
+                    continue
+                # static shapes: done sentences stay in place, masked, until at most half the batch is left
+                if not static or 2 * (len(done) - len(leaving)) <= len(done):
+                    keep = [i for i, d in enumerate(done) if not d]
+                    for i, hyps in zip(leaving, state.hypotheses(leaving, cfg.alpha, cfg.lp), strict=True):
+                        results[state.ids[i]] = hyps
+        rows = search.advance(state, t, chosen, keep)
+        if rows is not None:
+            cache.reorder(rows, keep)
+        if keep is not None:
+            drop = state.trim()  # steps before the oldest unfinished sentence began
+            t, shortest, latest = t - drop, shortest - drop, latest - drop
+        t += 1
+    if search.beam:
+        results = [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in results]
+    ends = list(accumulate(sizes))
+    return [results[end - size : end] for end, size in zip(ends, sizes, strict=True)]
+
+
+def _start(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, prefix: Tensor | None):
+    """Encode; return (memory, maximum output lengths [B]). A prefix of P tokens raises a sentence's maximum to at
+    least P + 1 (the prefix and EOS)."""
+    memory = model.encode(src, src_pad_mask)
+    limit = getattr(getattr(model, "config", None), "max_positions", None)
+    max_len = max_output_lengths(src_pad_mask, src, cfg, limit)
+    if prefix is not None:
+        max_len = torch.maximum(max_len, prefix.ne(PAD_ID).sum(1) + 1)
+    return memory, max_len
+
+
+def _log_probs(model, tokens: Tensor, cache) -> Tensor:
+    """One step of the model for last tokens [R] -> next-token log-probabilities [R, V] in float32."""
+    logits = model.step(tokens, cache).float()
+    if logits.device.type == "cpu" and logits.is_contiguous():
+        # in place over the step's own logits: one [R, V] tensor less to allocate and fill (~2% of CPU decoding)
+        return torch._log_softmax(logits, -1, False, out=logits)
+    return F.log_softmax(logits, dim=-1)
+
+
+def search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig,
+           prefix: list[list[int]] | None = None, generator: torch.Generator | None = None,
+           ) -> list[list[Hypothesis]]:
+    """One batch: sampling when asked, else greedy search for beam 1 and beam search otherwise -> per sentence its
+    hypotheses. `prefix`: target token ids each output must start with (one list per sentence)."""
+    return decode_batches(model, [(src, src_pad_mask)], cfg, [prefix], generator)[0]
+
+
+def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig | None = None,
+                prefix: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    """Batched beam search (also with beam 1) -> per sentence, the `cfg.nbest` best hypotheses, best first."""
+    cfg = (cfg or SearchConfig()).validate()
+    return decode_batches(model, [(src, src_pad_mask)], cfg, [prefix], search=BeamSearch(cfg))[0]
+
+
+def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig | None = None,
+                  prefix: list[list[int]] | None = None) -> list[list[Hypothesis]]:
+    """The most probable token at each step -> one Hypothesis per sentence (as a 1-list)."""
+    cfg = cfg or SearchConfig(beam=1)
+    return search(model, src, src_pad_mask, SearchConfig(**{**cfg.__dict__, "beam": 1, "nbest": 1,
+                                                             "sampling": False}), prefix)
+
+
+def sample_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig,
+                  prefix: list[list[int]] | None = None, generator: torch.Generator | None = None,
+                  ) -> list[list[Hypothesis]]:
+    """Draw `cfg.nbest` samples per sentence (in the order drawn, not ranked) from the temperature / top-k / top-p
+    distribution under the constraints. A hypothesis' log_prob and score are the model's own (temperature 1,
+    unfiltered) log-probabilities of the sampled tokens, length-penalised as in beam search."""
+    cfg.validate()
+    if not cfg.sampling:
+        raise ValueError("sample_search needs cfg.sampling")
+    return search(model, src, src_pad_mask, cfg, prefix, generator)
