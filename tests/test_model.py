@@ -75,7 +75,7 @@ def test_incremental_decoding_equals_full_forward(norm_first, static):
     torch.testing.assert_close(_steps(model, cache, tgt), full, atol=1e-5, rtol=1e-5)
     seg = cache.segments[0]
     assert seg.length == tgt.size(1) and int(seg.pos) == tgt.size(1)
-    assert not static or seg.kv.size(4) == 16  # static: the first bucket
+    assert not static or seg.capacity == 16  # static: the first bucket
 
 
 def test_incremental_decoding_after_reorder_equals_full_forward():
@@ -99,7 +99,7 @@ def test_cache_grows_past_its_initial_capacity(static):
     mask = torch.zeros_like(src, dtype=torch.bool)
     cache = model.init_cache(model.encode(src, mask), mask, static=static)
     torch.testing.assert_close(_steps(model, cache, tgt), model(src, tgt, mask), atol=1e-5, rtol=1e-5)
-    assert cache.segments[0].kv.size(4) >= 40 and (not static or cache.segments[0].kv.size(4) == 64)
+    assert cache.segments[0].capacity >= 40 and (not static or cache.segments[0].capacity == 64)
 
 
 @pytest.mark.parametrize("static", [False, True])
@@ -122,10 +122,10 @@ def test_beams_share_encoder_keys_and_equal_full_forward(static):
     out = _steps(model, cache, tgt_rows[:, :3])
     torch.testing.assert_close(out, model(src[rows], tgt_rows[:, :3], mask[rows]), atol=1e-5, rtol=1e-5)
 
-    address = seg.kv.data_ptr()
+    address = seg.kv[0].data_ptr()
     beams_only = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentences
     cache.reorder(beams_only)
-    assert (seg.kv.data_ptr() == address) == static
+    assert (seg.kv[0].data_ptr() == address) == static
     hist = tgt_rows[beams_only]
     step = model.step(hist[:, 3], cache)
     torch.testing.assert_close(step, model(src[rows], hist[:, :4], mask[rows])[:, 3], atol=1e-5, rtol=1e-5)

@@ -140,7 +140,7 @@ class MultiHeadAttention(nn.Module):
     def _attend_self(self, qkv: Tensor, layer: int, seg: Segment, mask: Tensor | None) -> Tensor:
         rows, d = qkv.size(0), qkv.size(1) // 3
         kv = seg.kv[layer]  # [2, R, H, C, K]
-        kv.index_copy_(3, seg.pos, qkv[:, d:].view(rows, 2, self.h, 1, self.d_k).transpose(0, 1).to(kv.dtype))
+        seg.write(kv, qkv[:, d:].view(rows, 2, self.h, 1, self.d_k).transpose(0, 1).to(kv.dtype))
         b, w = rows * self.h, seg.window  # attention over [R x H] batches (views of the cache)
         k, v = kv[0, :, :, :w].reshape(b, w, self.d_k), kv[1, :, :, :w].reshape(b, w, self.d_k)
         return attend(qkv[:, :d].reshape(b, 1, self.d_k), k, v, mask).view(rows, d)  # [R, D]

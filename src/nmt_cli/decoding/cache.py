@@ -2,8 +2,9 @@
 
 A `DecoderCache` holds one or more `Segment`s, in row order: one per batch that joined (continuous batching), each
 with its own positions and source. A segment keeps
-  - the self-attention keys and values of every decoder layer in one preallocated buffer `kv` [L, 2, R, H, C, K],
-    written by index at position `pos` (a [1] tensor, so a step never reads a Python int to know where);
+  - the self-attention keys and values of each decoder layer in a preallocated buffer `kv[layer]` [2, R, H, C, K],
+    written at position `pos` (by index from a [1] tensor in the static layout, so a step never reads a Python int
+    to know where);
   - the encoder-decoder keys and values `cross` [L, 2, N, H, S, K], computed once per sentence and shared by its
     `beams` consecutive rows (R = N x beams, sentence-major; attention folds the beams into the query dimension);
   - the source padding mask, laid out once as [N x H, 1, S] for attention.
@@ -57,8 +58,9 @@ class Segment:
         self.beams = 1
         self.length = 0  # positions decoded (host)
         self.pos = torch.zeros(1, dtype=torch.long, device=cross.device)  # the same, on the device
-        self.kv: Tensor | None = None  # [L, 2, R, H, C, K], positions [0, length) filled
-        self._flat: list[Tensor | None] = [None, None]  # exact layout: the two buffers `kv` alternates between
+        self.kv: list[Tensor] | None = None  # per layer [2, R, H, C, K], positions [0, length) filled
+        self._flat: list[list[Tensor | None]] = [[None, None] for _ in range(cross.size(0))]  # exact: per layer, the
+        # two buffers its `kv` alternates between
         self._in_use = 0
         self._arange: Tensor | None = None  # static layout: [C] position indices, for the mask
         self._set_pad(src_pad)
@@ -79,7 +81,20 @@ class Segment:
     @property
     def window(self) -> int:
         """Positions a step's self-attention reads: the filled ones (exact) or the capacity (static)."""
-        return self.kv.size(4) if self.static else self.length + 1
+        return self.capacity if self.static else self.length + 1
+
+    @property
+    def capacity(self) -> int:
+        return self.kv[0].size(3)
+
+    def write(self, kv: Tensor, new: Tensor) -> None:
+        """Write one layer's new keys and values new [2, R, H, 1, K] into kv [2, R, H, C, K] at the position: by
+        index (the `pos` tensor) in the static layout; in the exact one by a slice at `length`, which measured ~2x
+        faster on CPU than index_copy_."""
+        if self.static:
+            kv.index_copy_(3, self.pos, new)
+        else:
+            kv.narrow(3, self.length, 1).copy_(new)
 
     def self_mask(self) -> Tensor | None:
         """Static layout: True at the positions a step must not attend to ([1, 1, C]); exact: None."""
@@ -90,28 +105,34 @@ class Segment:
     def make_room(self) -> None:
         """Before a step: a buffer with room for position `length` (host; grows at bucket boundaries)."""
         need = self.length + 1
-        if self.kv is not None and self.kv.size(4) >= need:
+        if self.kv is not None and self.capacity >= need:
             return
         capacity = _bucket(need) if self.static else max(16, 2 * need)
-        layers, _, _, heads, _, d_k = self.cross.shape
-        grown = self._layout(layers, self.rows, heads, capacity, d_k)
+        grown = self._layout(self.rows, capacity)
         if self.kv is not None:
-            grown[..., : self.length, :] = self.kv[..., : self.length, :]
+            for new, old in zip(grown, self.kv, strict=True):
+                new[..., : self.length, :] = old[..., : self.length, :]
         self.kv = grown
 
-    def _layout(self, layers: int, rows: int, heads: int, capacity: int, d_k: int) -> Tensor:
-        """A [L, 2, rows, H, capacity, K] buffer: static, a new zeroed one (masked positions must hold no NaN);
-        exact, a view of the flat buffer not backing `kv` (grown when too small, smaller again when 4x too large:
-        a joined batch's long-lived last rows would otherwise keep its first steps' memory)."""
-        shape = (layers, 2, rows, heads, capacity, d_k)
+    def _layout(self, rows: int, capacity: int) -> list[Tensor]:
+        """Per layer a [2, rows, H, capacity, K] buffer: static, a new zeroed one (masked positions must hold no
+        NaN); exact, a view of the layer's flat buffer not backing `kv` (grown when too small, smaller again when 4x
+        too large: a joined batch's long-lived last rows would otherwise keep its first steps' memory). One buffer
+        per layer, not one for all: buffers L times larger measured 1.5x slower to gather into on CPU (fresh pages
+        from the allocator on every resize)."""
+        _, _, _, heads, _, d_k = self.cross.shape
+        shape = (2, rows, heads, capacity, d_k)
         if self.static:
             self._arange = torch.arange(capacity, device=self.cross.device)
-            return self.cross.new_zeros(shape)
+            return [self.cross.new_zeros(shape) for _ in self._flat]
         self._in_use = spare = 1 - self._in_use
-        need = layers * 2 * rows * heads * capacity * d_k
-        if self._flat[spare] is None or not need <= self._flat[spare].numel() <= 4 * need + 4096:
-            self._flat[spare] = self.cross.new_empty(need + need // 4)  # room to grow a few steps
-        return self._flat[spare][:need].view(shape)
+        need = 2 * rows * heads * capacity * d_k
+        out = []
+        for flat in self._flat:
+            if flat[spare] is None or not need <= flat[spare].numel() <= 4 * need + 4096:
+                flat[spare] = self.cross.new_empty(need + need // 4)  # room to grow a few steps
+            out.append(flat[spare][:need].view(shape))
+        return out
 
     def advance(self) -> None:
         """After a step: one position more."""
@@ -125,17 +146,17 @@ class Segment:
             self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
         if self.kv is None:
             return
-        if self.static and rows.numel() == self.kv.size(2):  # in place: the buffer keeps its address
-            self.kv.copy_(self.kv.index_select(2, rows))
+        if self.static and rows.numel() == self.kv[0].size(1):  # in place: the buffers keep their addresses
+            for kv in self.kv:
+                kv.copy_(kv.index_select(1, rows))
             return
-        layers, _, _, heads, capacity, d_k = self.kv.shape
-        extent = capacity if self.static else self.length  # static: every position (no shape from the length)
-        target = self._layout(layers, rows.numel(), heads, capacity if self.static else self.length + 1, d_k)
-        filled, out = self.kv[..., :extent, :], target[..., :extent, :]
-        if filled.requires_grad:  # (autograd does not support out=)
-            out.copy_(filled.index_select(2, rows))
-        else:
-            torch.index_select(filled, 2, rows, out=out)
+        extent = self.capacity if self.static else self.length  # static: every position (no shape from the length)
+        target = self._layout(rows.numel(), self.capacity if self.static else self.length + 1)
+        for kv, out in zip(self.kv, target, strict=True):
+            if kv.requires_grad:  # (decoding outside no_grad; autograd does not support out=)
+                out[..., :extent, :].copy_(kv[..., :extent, :].index_select(1, rows))
+            else:
+                torch.index_select(kv[..., :extent, :], 1, rows, out=out[..., :extent, :])
         self.kv = target
 
     def repeat_beams(self, k: int) -> None:

@@ -71,7 +71,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     sizes: list[int] = []
     prefix_iter = iter(prefixes) if prefixes is not None else None
     state: SearchState | None = None
-    t = shortest = latest = 0
+    t = 0
     checked = True  # the host knows which sentences are done (right after a check)
     while upcoming is not None or state is not None:
         if state is None or (join_below and checked and upcoming is not None
@@ -86,14 +86,13 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                 cache = cache_new
                 state = SearchState(per, n, max_len, int(max_len.max()) + 1, prefix, len(results), src.device,
                                     search.beam)
-                t, shortest, latest = 0, int(max_len.min()), int(max_len.max())
+                t = 0
                 lprobs = _log_probs(model, state.tokens[::per, 0].contiguous(), cache).repeat_interleave(per, dim=0)
                 cache.repeat_beams(per)
             else:  # join the running batch at step t (> 0)
                 cache = cache.join(cache_new)
                 old_rows = state.tokens.size(0)
                 state.join(n, max_len, prefix, t, len(results))
-                shortest, latest = min(shortest, t + int(max_len.min())), max(latest, t + int(max_len.max()))
                 last = state.tokens[:, t]
                 lprobs = _log_probs(model, torch.cat([last[:old_rows], last[old_rows::per]]), cache)
                 if per > 1:
@@ -103,11 +102,10 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             sizes.append(n)
         else:
             lprobs = _log_probs(model, state.tokens[:, t].contiguous(), cache)  # [N*per, V]
-        force_eos = state.max_len.repeat_interleave(per) <= t + 1 if t + 1 >= shortest else None
-        constrain(lprobs, cfg, state.own_t(t), force_eos, state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None,
+        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None,
                   state.forced(t))
         chosen = search.select(state, t, lprobs)
-        checked = (t + 1) % check_every == 0 or t + 1 >= latest
+        checked = (t + 1) % check_every == 0 or t + 1 >= max(state.max_len_host)  # (all must be done)
         keep = None
         if checked:
             done = state.done.tolist()
@@ -128,7 +126,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             cache.reorder(rows, keep)
         if keep is not None:
             drop = state.trim()  # steps before the oldest unfinished sentence began
-            t, shortest, latest = t - drop, shortest - drop, latest - drop
+            t -= drop
         t += 1
     if search.beam:
         results = [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in results]
