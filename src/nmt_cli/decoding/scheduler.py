@@ -102,25 +102,22 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             sizes.append(n)
         else:
             lprobs = _log_probs(model, state.tokens[:, t].contiguous(), cache)  # [N*per, V]
-        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None,
-                  state.forced(t))
+        history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
+        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), history, state.forced(t))
         chosen = search.select(state, t, lprobs)
         checked = (t + 1) % check_every == 0 or t + 1 >= max(state.max_len_host)  # (all must be done)
         keep = None
         if checked:
             done = state.done.tolist()
-            if any(done):
-                leaving = [i for i, d in enumerate(done) if d]
+            leaving = [i for i, d in enumerate(done) if d]
+            # static shapes: done sentences stay in place, masked, until at most half the batch is left
+            if leaving and (not static or 2 * (len(done) - len(leaving)) <= len(done)):
+                for i, hyps in zip(leaving, state.hypotheses(leaving, cfg.alpha, cfg.lp), strict=True):
+                    results[state.ids[i]] = hyps
                 if len(leaving) == len(done):
-                    for i, hyps in zip(leaving, state.hypotheses(leaving, cfg.alpha, cfg.lp), strict=True):
-                        results[state.ids[i]] = hyps
                     state = None
                     continue
-                # static shapes: done sentences stay in place, masked, until at most half the batch is left
-                if not static or 2 * (len(done) - len(leaving)) <= len(done):
-                    keep = [i for i, d in enumerate(done) if not d]
-                    for i, hyps in zip(leaving, state.hypotheses(leaving, cfg.alpha, cfg.lp), strict=True):
-                        results[state.ids[i]] = hyps
+                keep = [i for i, d in enumerate(done) if not d]
         rows = search.advance(state, t, chosen, keep)
         if rows is not None:
             cache.reorder(rows, keep)
