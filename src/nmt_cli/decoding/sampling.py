@@ -52,10 +52,7 @@ class Sampling:
         state.tokens[:, t + 1] = choice
         if keep is None:
             return None
-        rows = (torch.tensor(keep, device=choice.device).unsqueeze(1) * self.per
-                + torch.arange(self.per, device=choice.device)).view(-1)
-        state.keep(keep)
-        return rows
+        return state.keep(keep)
 
 
 def _argmax(lprobs: Tensor) -> Tensor:

@@ -36,13 +36,17 @@ class SearchState:
         self.begin = [0] * batch  # host: each sentence's first step
         self.begin_t: Tensor | None = None  # the same [N] on the device, None while all are 0
         self.ids = list(range(first_id, first_id + batch))  # host: each sentence's index in the results
+        self._first_rows: Tensor | None = None
 
     @property
     def n(self) -> int:
         return len(self.ids)
 
-    def first_rows(self) -> Tensor:  # [N, 1] each sentence's first row
-        return torch.arange(self.n, device=self.tokens.device).unsqueeze(1) * self.per
+    def first_rows(self) -> Tensor:
+        """[N, 1] each sentence's first row (made once per batch size: beam search asks three times a step)."""
+        if self._first_rows is None or self._first_rows.size(0) != self.n:
+            self._first_rows = torch.arange(self.n, device=self.tokens.device).unsqueeze(1) * self.per
+        return self._first_rows
 
     def own_t(self, t: int) -> int | Tensor:
         """Each row's step counted from its sentence's start: an int while all began together, else [R]."""
@@ -95,9 +99,9 @@ class SearchState:
         self.begin_t = torch.tensor(self.begin, device=device)
         self.ids += list(range(first_id, first_id + batch))
 
-    def keep(self, keep: list[int], tokens: bool = True) -> None:
-        """Keep sentences `keep` (ascending indices), and their rows; the others have left. `tokens` False: leave
-        `tokens` to the caller (beam search gathers the rows it continues)."""
+    def keep(self, keep: list[int], tokens: bool = True) -> Tensor:
+        """Keep sentences `keep` (ascending indices), and their rows; the others have left. -> the kept rows [N'*per].
+        `tokens` False: leave `tokens` to the caller (beam search gathers the rows it continues)."""
         index = torch.tensor(keep, device=self.tokens.device)
         rows = (index.unsqueeze(1) * self.per + torch.arange(self.per, device=index.device)).view(-1)
         if tokens:
@@ -111,6 +115,7 @@ class SearchState:
         self.max_len_host = [self.max_len_host[i] for i in keep]
         self.ids = [self.ids[i] for i in keep]
         self.begin_t = None if not any(self.begin) else self.begin_t.index_select(0, index)
+        return rows
 
     def trim(self) -> int:
         """Drop the steps before every sentence's begin; -> how many (the caller shifts its step count)."""
