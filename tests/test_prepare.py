@@ -166,11 +166,11 @@ def test_interrupted_encoding_leaves_nothing_trusted(tmp_path, monkeypatch):
     calls = {"n": 0}
     real = Tokenizer.encode
 
-    def flaky(self, lines, num_threads=-1):
+    def flaky(self, lines, num_threads=-1, side="source"):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt  # the user pressed Ctrl-C in the middle of a split
-        return real(self, lines, num_threads)
+        return real(self, lines, num_threads, side)
 
     monkeypatch.setattr(Tokenizer, "encode", flaky)
     with pytest.raises(KeyboardInterrupt):

@@ -2,9 +2,15 @@
 
 A checkpoint is a dict:
   format "nmt-checkpoint", version, nmt_version, model_config (dict), tokenizer (uint8 tensor holding the
-  sentencepiece model), vocab_size, langs {"src", "tgt"}, model (state dict), and optionally `train_state`
-  (optimizer, schedule, grad scaler, RNG states, data position, ...) and `meta` (free-form, JSON-like).
+  sentencepiece model: the joint one, or an imported model's source one), vocab_size, langs {"src", "tgt"}, model
+  (state dict), and optionally `train_state` (optimizer, schedule, grad scaler, RNG states, data position, ...),
+  `meta` (free-form, JSON-like) and, for imported tokenizers (data/tokenizer.py), `target_tokenizer` (uint8
+  tensor: the target sentencepiece model) and `vocab` (list of pieces, one per model id).
 Translation needs nothing but this file. Loading never executes code from it.
+
+Versions: 1 (nmt 0.1.0), 2 adds the model config's `activation` and `output_bias` and the optional
+`target_tokenizer` and `vocab`. A version 1 file loads as a version 2 one with the defaults (ReLU, no output bias,
+a joint tokenizer); a version 2 file is refused by an nmt that reads version 1 only.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from nmt_cli.config import ModelConfig
 from nmt_cli.errors import CheckpointError
 
 FORMAT = "nmt-checkpoint"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass
@@ -39,6 +45,8 @@ class Checkpoint:
     langs: dict[str, str] = field(default_factory=dict)
     train_state: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    target_tokenizer: bytes | None = None  # an imported tokenizer's target sentencepiece model
+    vocab: list[str] | None = None  # an imported tokenizer's pieces, one per model id
 
     def build_model(self, device: str | torch.device = "cpu"):
         """A Transformer with these weights, in eval mode."""
@@ -54,7 +62,11 @@ class Checkpoint:
     def tokenizer_obj(self):
         from nmt_cli.data.tokenizer import Tokenizer
 
-        return Tokenizer(self.tokenizer)
+        return Tokenizer(self.tokenizer, self.target_tokenizer, self.vocab)
+
+    def tokenizer_key(self) -> tuple:
+        """What makes two checkpoints' tokenizers the same (without loading sentencepiece)."""
+        return self.tokenizer, self.target_tokenizer, None if self.vocab is None else tuple(self.vocab)
 
 
 def to_dict(ckpt: Checkpoint) -> dict[str, Any]:
@@ -71,6 +83,10 @@ def to_dict(ckpt: Checkpoint) -> dict[str, Any]:
     }
     if ckpt.train_state is not None:
         out["train_state"] = ckpt.train_state
+    if ckpt.target_tokenizer is not None:
+        out["target_tokenizer"] = torch.frombuffer(bytearray(ckpt.target_tokenizer), dtype=torch.uint8)
+    if ckpt.vocab is not None:
+        out["vocab"] = list(ckpt.vocab)
     return out
 
 
@@ -219,6 +235,8 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> C
             langs=dict(data.get("langs", {})),
             train_state=data.get("train_state"),
             meta=dict(data.get("meta", {})),
+            target_tokenizer=data["target_tokenizer"].numpy().tobytes() if "target_tokenizer" in data else None,
+            vocab=list(data["vocab"]) if "vocab" in data else None,
         )
     except (KeyError, AttributeError, TypeError) as exc:
         raise CheckpointError(f"{path}: checkpoint is missing or has a malformed field ({exc}); it may be damaged") from exc

@@ -9,6 +9,7 @@ from nmt_cli.errors import ConfigError
 
 # Special token ids, fixed for every tokenizer nmt trains (see data/tokenizer.py).
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+ACTIVATIONS = ("relu", "gelu", "swish")  # gelu: the exact (erf) form; swish: x * sigmoid(x), also called SiLU
 
 
 @dataclass
@@ -29,6 +30,8 @@ class ModelConfig:
     share_embeddings: bool = True  # source emb = target emb = output projection (one matrix)
     pad_id: int = PAD_ID
     layer_norm_eps: float = 1e-5
+    activation: str = "relu"  # the feed-forward network's: relu (the paper), gelu, swish (OPUS-MT's)
+    output_bias: bool = False  # a fixed bias added to the output logits (MarianMT's final_logits_bias)
 
     @property
     def d_k(self) -> int:
@@ -40,6 +43,8 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "max_positions"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation {self.activation!r} is not one nmt has; choose one of: {', '.join(ACTIVATIONS)}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
@@ -79,4 +84,4 @@ def preset(name: str, **overrides) -> ModelConfig:
     return dataclasses.replace(PRESETS[name], **clean).validate()
 
 
-__all__ = ["ModelConfig", "PRESETS", "preset", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "field"]
+__all__ = ["ModelConfig", "PRESETS", "preset", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "ACTIVATIONS", "field"]

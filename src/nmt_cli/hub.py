@@ -19,6 +19,7 @@ import hashlib
 import os
 import re
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,13 +102,7 @@ def pull(ref: HubRef, note: Note | None = None) -> Pulled:
     """The local path of `ref`'s file: from the cache, or downloaded into it (see the module doc)."""
     import huggingface_hub as hf
     from huggingface_hub import constants
-    from huggingface_hub.utils import (
-        EntryNotFoundError,
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
 
     if ref.revision and _COMMIT.match(ref.revision):  # a commit never changes: a cached file is final
         cached = hf.try_to_load_from_cache(ref.repo, ref.filename, revision=ref.revision)
@@ -118,8 +113,40 @@ def pull(ref: HubRef, note: Note | None = None) -> Pulled:
     offline = bool(constants.HF_HUB_OFFLINE) or not hub_reachable()
     why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
     try:
-        path = Path(hf.hf_hub_download(ref.repo, ref.filename, revision=ref.revision, local_files_only=offline,
-                                       library_name="nmt", library_version=__version__))
+        with _download_errors(ref, why):
+            path = Path(hf.hf_hub_download(ref.repo, ref.filename, revision=ref.revision, local_files_only=offline,
+                                           library_name="nmt", library_version=__version__))
+    except DownloadError as exc:
+        if ref.filename != DEFAULT_FILE or not isinstance(exc.__cause__, (EntryNotFoundError,
+                                                                           LocalEntryNotFoundError)):
+            raise
+        marian = _pull_marian(ref, offline, why)  # no checkpoint.pt: an OPUS-MT (MarianMT) repository?
+        if marian is None:
+            raise
+        path = marian
+    # .../snapshots/<commit>/<filename>, or the snapshot folder itself (a MarianMT repository)
+    commit = path.name if path.is_dir() else path.parents[len(Path(ref.filename).parts) - 1].name
+    pulled = Pulled(ref, path, commit, offline)
+    if note is not None:
+        where = f"the cache ({why})" if offline else "the hub"
+        note(f"{ref} -> commit {commit} from {where}; pin it with -m {pulled.pinned()}")
+    return pulled
+
+
+@contextmanager
+def _download_errors(ref: HubRef, why: str):
+    """huggingface_hub's failures as one-line DownloadErrors saying what to do (the client's error the cause)."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import (
+        EntryNotFoundError,
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        yield
     except LocalEntryNotFoundError as exc:
         raise DownloadError(f"{ref} is not in the hub cache ({cache_dir()}) and {why}; download it once while "
                             "online (or set HF_HUB_CACHE to a cache that holds it), or pass a local checkpoint "
@@ -144,12 +171,34 @@ def pull(ref: HubRef, note: Note | None = None) -> Pulled:
             raise DownloadError(f"{ref}: the download from {constants.ENDPOINT} failed ({exc}); run the same "
                                 "command again (a partial download resumes)") from exc
         raise
-    commit = path.parents[len(Path(ref.filename).parts) - 1].name  # .../snapshots/<commit>/<filename>
-    pulled = Pulled(ref, path, commit, offline)
-    if note is not None:
-        where = f"the cache ({why})" if offline else "the hub"
-        note(f"{ref} -> commit {commit} from {where}; pin it with -m {pulled.pinned()}")
-    return pulled
+
+
+def _pull_marian(ref: HubRef, offline: bool, why: str) -> Path | None:
+    """The MarianMT files of `ref`'s repository (config.json, weights, tokenizer) as a snapshot folder in the
+    hub cache, or None when its config.json is not a MarianMT one."""
+    import huggingface_hub as hf
+
+    from nmt_cli import marian
+
+    config = HubRef(ref.repo, "config.json", ref.revision)
+    try:
+        with _download_errors(config, why):
+            path = Path(hf.hf_hub_download(ref.repo, "config.json", revision=ref.revision, local_files_only=offline,
+                                           library_name="nmt", library_version=__version__))
+    except DownloadError:
+        return None
+    if not marian.is_marian(path.parent):
+        return None
+    files = [name for name in marian.FILES if name not in marian.WEIGHT_FILES]
+    with _download_errors(HubRef(ref.repo, "*", ref.revision), why):
+        if offline:
+            files += marian.WEIGHT_FILES  # whichever the cache holds
+        else:  # one weight file: safetensors where the repository has it (OPUS-MT repositories often have both)
+            listed = set(hf.list_repo_files(ref.repo, revision=ref.revision))
+            files += [next((w for w in marian.WEIGHT_FILES if w in listed), marian.WEIGHT_FILES[-1])]
+        folder = hf.snapshot_download(ref.repo, revision=ref.revision, allow_patterns=files,
+                                      local_files_only=offline, library_name="nmt", library_version=__version__)
+    return Path(folder)
 
 
 def _is_connection_error(exc: Exception) -> bool:
@@ -159,24 +208,11 @@ def _is_connection_error(exc: Exception) -> bool:
 
 
 def resolve(model: str | os.PathLike, note: Note | None = None) -> Path:
-    """A local checkpoint path for a model argument: a path as it is, an hf: reference pulled."""
+    """A local checkpoint path for a model argument: a path as it is, an hf: reference pulled (the checkpoint file,
+    or a MarianMT repository's snapshot folder)."""
     if is_hub_ref(model):
         return pull(HubRef.parse(str(model)), note).path
     return Path(model)
-
-
-def load(model: str | os.PathLike, note: Note | None = None) -> tuple[ckpt_io.Checkpoint, dict]:
-    """A checkpoint from a path or an hf: reference, and where it came from (path or hub commit, sha256)."""
-    if is_hub_ref(model):
-        pulled = pull(HubRef.parse(str(model)), note)
-        origin = {"hub": pulled.ref.repo, "file": pulled.ref.filename, "commit": pulled.commit}
-        path = pulled.path
-    else:
-        path = Path(model)
-        origin = {"checkpoint": str(path)}
-    ckpt = ckpt_io.load(path)
-    origin["sha256"] = sha256(path)
-    return ckpt, origin
 
 
 def sha256(path: Path) -> str:

@@ -165,15 +165,18 @@ class MultiHeadAttention(nn.Module):
         return attend(q, k, v, seg.pad).view(n, self.h, beams, self.d_k).transpose(1, 2).reshape(rows, d)
 
 
+ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
+
+
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2. Its submodules' `forward` is called directly (no module calls: a decoding
+    """FFN(x) = act(x W1 + b1) W2 + b2, act ReLU as in the paper (max(0, .)) or GELU or swish. Its submodules' `forward` is called directly (no module calls: a decoding
     step of a small model is ~100 small operations whose Python cost rivals their arithmetic), so forward hooks on
     fc1/fc2 do not run."""
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float, activation: str = "relu"):
         super().__init__()
         self.fc1, self.fc2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.activation: nn.Module = nn.ReLU()  # int8.py fuses it into fc1 and makes this an Identity
+        self.activation: nn.Module = ACTIVATION_MODULES[activation]()  # int8.py fuses ReLU into fc1 (-> Identity)
         self.dropout = nn.Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -205,7 +208,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, c: ModelConfig):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, self_attention=True)
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
         self.sub1 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
         self.sub2 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
 
@@ -219,7 +222,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, self_attention=True)
         self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.attention_dropout, self_attention=False)
-        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.activation_dropout, c.activation)
         self.sub1 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
         self.sub2 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
         self.sub3 = Sublayer(c.d_model, c.dropout, c.norm_first, c.layer_norm_eps)
@@ -249,6 +252,8 @@ class Transformer(nn.Module):
             self.tgt_embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
             self.out_proj = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
+        if c.output_bias:  # fixed, like MarianMT's final_logits_bias: saved with the weights, never trained
+            self.register_buffer("output_bias", torch.zeros(c.vocab_size))
         self.embed_scale = math.sqrt(c.d_model)
         self.dropout = nn.Dropout(c.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
@@ -350,7 +355,7 @@ class Transformer(nn.Module):
         if self.output_layer is not None:
             return self.output_layer.forward(x)
         weight = self.out_proj.weight if hasattr(self, "out_proj") else self.embed.weight
-        return F.linear(x, weight)
+        return F.linear(x, weight, getattr(self, "output_bias", None))
 
     def forward(self, src: Tensor, tgt: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         """Teacher-forced logits [B, T, V] for source [B, S] and shifted target input [B, T]."""

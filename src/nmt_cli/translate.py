@@ -22,7 +22,7 @@ from typing import BinaryIO, NamedTuple
 import torch
 
 from nmt_cli import checkpoint as ckpt_io
-from nmt_cli import hub
+from nmt_cli import hub, marian, pretrained
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig, decode_batches
@@ -165,27 +165,26 @@ average_checkpoints = training_ckpts.average_checkpoints
 
 def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None,
                      note: hub.Note | None = None) -> list[ckpt_io.Checkpoint]:
-    """One checkpoint per `-m` value: a file, an `hf:ORG/NAME[@REVISION]` hub reference (pulled through the hub
-    cache; `note` hears which commit), or with `average_last` a run directory averaged on the fly."""
+    """One checkpoint per `-m` value: a file, a MarianMT (OPUS-MT) folder, an `hf:ORG/NAME[@REVISION]` hub reference
+    to either (pulled through the hub cache; `note` hears which commit; pretrained.py), or with `average_last` a
+    run directory averaged on the fly."""
     out = []
     for item in models:
-        if hub.is_hub_ref(item):
-            if average_last:
-                raise CheckpointError(f"{item}: --average-last needs a local run directory, not a hub reference")
-            out.append(ckpt_io.load(hub.resolve(item, note)))
-            continue
-        path = Path(item)
         if average_last:
+            if hub.is_hub_ref(item):
+                raise CheckpointError(f"{item}: --average-last needs a local run directory, not a hub reference")
+            path = Path(item)
             if not path.is_dir():
                 raise CheckpointError(f"{path}: --average-last needs a run directory holding checkpoints")
             out.append(average_checkpoints(last_checkpoints(path, average_last)))
-        elif path.is_dir():
-            raise CheckpointError(f"{path} is a directory; pass a checkpoint file, or add --average-last N")
+        elif not hub.is_hub_ref(item) and Path(item).is_dir() and not marian.is_marian(item):
+            raise CheckpointError(f"{item} is a directory; pass a checkpoint file (or a MarianMT model folder), or "
+                                  "add --average-last N")
         else:
-            out.append(ckpt_io.load(path))
+            out.append(pretrained.load(item, note)[0])
     if not out:
         raise CheckpointError("no checkpoint given; pass -m CHECKPOINT")
-    if any(c.tokenizer != out[0].tokenizer for c in out[1:]):
+    if any(c.tokenizer_key() != out[0].tokenizer_key() for c in out[1:]):
         raise CheckpointError("the ensembled checkpoints use different tokenizers; ensemble models of one vocabulary")
     return out
 
@@ -283,7 +282,7 @@ class Translator:
         truncated with a warning."""
         room = self.max_src_tokens - 1
         out = []
-        for i, ids in enumerate(self.tokenizer.encode(prefixes)):
+        for i, ids in enumerate(self.tokenizer.encode(prefixes, side="target")):
             if len(ids) > room:
                 self.warn("prefix truncated", f"prefix of line {first_line + i}: {len(ids)} tokens, truncated to "
                                               f"{room}")
@@ -344,7 +343,7 @@ class Translator:
         teacher-forced pass per batch (alignment.analyse)."""
         from nmt_cli import alignment
 
-        cfg, sp = self.config, self.tokenizer.sp
+        cfg, tok = self.config, self.tokenizer
         pairs = [(i, h) for i, hs in enumerate(hyps) for h in hs]
         out = []
         for start in range(0, len(pairs), 64):
@@ -352,8 +351,8 @@ class Translator:
             analyses = alignment.analyse(self.model, [sources[i] or [EOS_ID] for i, _ in chunk],
                                          [h.tokens for _, h in chunk], cfg.alignment_layer)
             for (i, h), a in zip(chunk, analyses, strict=True):
-                src_pieces = [sp.id_to_piece(t) for t in sources[i][:-1]]
-                tgt_pieces = [sp.id_to_piece(t) for t in h.tokens]
+                src_pieces = [tok.piece(t, "source") for t in sources[i][:-1]]
+                tgt_pieces = [tok.piece(t) for t in h.tokens]
                 column = None
                 if cfg.alignment == "words":
                     column = alignment.pharaoh(a.links, src_pieces, tgt_pieces)

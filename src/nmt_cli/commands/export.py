@@ -100,12 +100,12 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli import hub
+        from nmt_cli import pretrained
         from nmt_cli.export import ctranslate2 as core
         from nmt_cli.export import require
 
         require("ctranslate2", "nmt export ctranslate2")
-        ckpt, origin = hub.load(model, note_line)
+        ckpt, origin = pretrained.load(model, note_line)
         card = card_info(license_id, training_data, scores)
         core.export(ckpt, output, quantization.value if quantization else None, card, origin, replace=force)
         kind = f"CTranslate2, {quantization.value}" if quantization else "CTranslate2, float32"
@@ -121,13 +121,13 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli import hub
+        from nmt_cli import pretrained
         from nmt_cli.export import huggingface as core
         from nmt_cli.export import require
 
         require("transformers", "nmt export huggingface")
         quiet_transformers()
-        ckpt, origin = hub.load(model, note_line)
+        ckpt, origin = pretrained.load(model, note_line)
         core.export(ckpt, output, card_info(license_id, training_data, scores), origin, replace=force)
         typer.echo(f"exported {model} (sha256 {origin['sha256'][:12]}) -> {output}/ (Hugging Face MarianMTModel); "
                    f"see {output}/README.md", err=True)

@@ -35,6 +35,9 @@ Examples:
   nmt prepare wmt14-en-de --from-dir ~/wmt14 -o data/ende # downloaded files
   nmt prepare custom --src-lang en --tgt-lang de --train corpus/train \\
       --valid corpus/valid --test corpus/test --vocab-size 8000 -o data/mine
+  nmt prepare custom --src-lang en --tgt-lang de --train med/train \\
+      --valid med/valid -o data/med \\
+      --tokenizer-from hf:Helsinki-NLP/opus-mt-en-de  # to fine-tune it
   nmt prepare --list
 """
 _DATA, _CLEAN = "Input", "Cleaning and BPE"
@@ -71,6 +74,10 @@ def register(app: typer.Typer) -> None:
         vocab_size: int = typer.Option(None, "--vocab-size", min=16, metavar="N", rich_help_panel=_CLEAN,
                                        show_default="per corpus, see --list; custom 8000",
                                        help="Joint BPE vocabulary size."),
+        tokenizer_from: str = typer.Option(
+            None, "--tokenizer-from", metavar="MODEL", rich_help_panel=_CLEAN,
+            help="Encode with this model's own tokenizer and vocabulary instead of learning BPE (a checkpoint, a "
+                 "MarianMT/OPUS-MT folder or hf:ORG/NAME): the data to fine-tune it with nmt train --init-from."),
         max_len: int = typer.Option(250, "--max-len", min=1, metavar="N", rich_help_panel=_CLEAN,
                                     help="Drop training pairs with a side longer than N BPE tokens."),
         ratio: float = typer.Option(1.5, "--ratio", min=1.0, metavar="RATIO", rich_help_panel=_CLEAN,
@@ -97,7 +104,8 @@ def register(app: typer.Typer) -> None:
 
         opts = PrepareOptions(
             corpus=name, out_dir=out_dir, src_lang=src_lang, tgt_lang=tgt_lang, train=train, valid=valid,
-            test=test, from_dir=from_dir, reverse=reverse, vocab_size=vocab_size, max_len=max_len, ratio=ratio,
+            test=test, from_dir=from_dir, reverse=reverse, vocab_size=vocab_size, tokenizer_from=tokenizer_from,
+            max_len=max_len, ratio=ratio,
             normalize_punct=normalize_punct, bpe_sample=bpe_sample, workers=workers, errors=errors.value, force=force,
             seed=seed,
         )

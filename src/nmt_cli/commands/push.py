@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli import hub
+        from nmt_cli import hub, pretrained
         from nmt_cli.export import require
 
         repo_id = hub.check_repo_id(repo_id)
@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
             require("transformers", "nmt push --huggingface")
             quiet_transformers()
         hub_token = None if dry_run is not None else hub.token()  # no token: refuse before any work
-        ckpt, origin = hub.load(model, note_line)
+        ckpt, origin = pretrained.load(model, note_line)
         card = card_info(license_id, training_data, scores)
         kwargs = dict(card=card, ctranslate2=ctranslate2, huggingface=huggingface,
                       quantization=quantization.value if quantization else None, source=origin)

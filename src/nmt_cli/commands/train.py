@@ -28,6 +28,8 @@ Examples:
       --average-last 20
   nmt train data/sample -o runs/tiny --preset tiny --max-time 5
   nmt train data/ende -o runs/b1 --gpus 1 --update-freq auto  # 8 GPUs' batch
+  nmt train data/med -o runs/ft --init-from hf:Helsinki-NLP/opus-mt-en-de \\
+      --lr 5e-5 --warmup 500 --max-steps 5000  # fine-tune an OPUS-MT model
 
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d \\
       --rdzv-endpoint HOST:29500 -m nmt_cli.cli train data/ende -o runs/big \\
@@ -70,6 +72,11 @@ def register(app: typer.Typer) -> None:
         output: Path = typer.Option(..., "-o", "--output", metavar="RUN_DIR",
                                     help="Run directory for checkpoints and logs."),
         preset: Preset = typer.Option(Preset.base, "--preset", help="Model size and recipe defaults."),
+        init_from: str = typer.Option(
+            None, "--init-from", metavar="MODEL",
+            help="Fine-tune: start from this model's weights (a checkpoint, a MarianMT/OPUS-MT folder or "
+                 "hf:ORG/NAME) with a new optimizer, schedule and step count; its architecture is kept. Prepare "
+                 "DATA_DIR with nmt prepare --tokenizer-from MODEL."),
         seed: int = typer.Option(1, "--seed", metavar="N", help="Random seed."),
         max_steps: int = typer.Option(None, "--max-steps", min=1, metavar="N", rich_help_panel=_STOP,
                                       show_default="tiny 30000, base 100000, big 300000",
@@ -156,7 +163,7 @@ def register(app: typer.Typer) -> None:
                  "attention_dropout": attention_dropout,
                  "encoder_layers": encoder_layers or layers, "decoder_layers": decoder_layers or layers}
         cfg = TrainConfig(
-            data_dir=str(data_dir), out_dir=str(output), preset=preset.value,
+            data_dir=str(data_dir), out_dir=str(output), preset=preset.value, init_from=init_from,
             model={k: v for k, v in model.items() if v is not None},
             lr=lr or None, warmup=warmup, label_smoothing=label_smoothing, clip_norm=clip_norm,
             max_tokens=max_tokens, update_freq=update_freq, update_tokens=update_tokens,

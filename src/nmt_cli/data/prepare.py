@@ -31,7 +31,7 @@ from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask
 from nmt_cli.data.corpora import Progress
 from nmt_cli.data.hub import Warn
 from nmt_cli.data.readers import PairSource
-from nmt_cli.data.store import MANIFEST, SPM_MODEL, BinaryWriter
+from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
 from nmt_cli.errors import ConfigError, DataError
 
@@ -54,6 +54,7 @@ class PrepareOptions:
     from_dir: str | None = None
     reverse: bool = False
     vocab_size: int | None = None
+    tokenizer_from: str | None = None  # encode with this model's tokenizer (checkpoint, MarianMT, hf:) instead of BPE
     max_len: int = 250
     ratio: float = 1.5
     normalize_punct: bool = False
@@ -69,6 +70,8 @@ class PrepareOptions:
     def __post_init__(self):
         if self.errors not in ("strict", "replace"):
             raise ConfigError(f"--errors must be strict or replace, not {self.errors!r}")
+        if self.tokenizer_from is not None and self.vocab_size is not None:
+            raise ConfigError("--tokenizer-from takes the model's vocabulary; drop --vocab-size")
         if self.vocab_size is not None and self.vocab_size < 8:
             raise ConfigError(f"--vocab-size {self.vocab_size} is too small; use at least a few hundred")
         if self.max_len < 1 or self.ratio < 1 or self.chunk_size < 1:
@@ -225,6 +228,65 @@ def _bpe_sentences(source: PairSource, n_pairs: int, k: int, seed: int, normaliz
         progress("learn bpe", 0, None)
 
 
+def _learn_bpe(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path, normalizer: Normalizer,
+               stamps: _Stamps, workers: int, progress: Progress | None, reused: list[str]) -> Tokenizer:
+    """Step 2: learn (or reuse) the joint BPE model of the training data -> OUT/spm.model."""
+    train = plan.sources["train"]
+    bpe_key = _digest({"v": FORMAT_VERSION, "input": train.fingerprint(), "vocab": plan.vocab_size,
+                       "sample": plan.bpe_sample, "seed": opts.seed, "norm": opts.normalize_punct,
+                       "coverage": plan.coverage, "errors": opts.errors})
+    spm_path = out / SPM_MODEL
+    if stamps.get("bpe", bpe_key, [spm_path]):
+        reused.append("bpe")
+        model_bytes = spm_path.read_bytes()
+    else:
+        stamps.drop("bpe")
+        k = min(totals["train"], max(1, plan.bpe_sample // 2))
+        given, failed = [0], []
+
+        def sentences():  # sentencepiece turns an error raised while it reads into its own: keep ours
+            try:
+                yield from _bpe_sentences(train, totals["train"], k, opts.seed, normalizer, opts.chunk_size,
+                                          progress, given)
+            except BaseException as exc:
+                failed.append(exc)
+                raise
+
+        try:
+            model_bytes = train_bpe(sentences(), plan.vocab_size, character_coverage=plan.coverage,
+                                    num_threads=workers)
+        except (DataError, RuntimeError):
+            if failed:
+                raise failed[0] from None
+            if given[0] == 0:
+                raise DataError(f"the training data of {plan.name} has no non-empty sentence to learn BPE "
+                                "from") from None
+            raise
+        if failed:
+            raise failed[0]
+        _atomic_write_bytes(spm_path, model_bytes)
+        stamps.put("bpe", bpe_key, {"sentences": given[0]})
+    for stale in (SPM_TARGET, VOCAB_JSON):  # an imported tokenizer's files from an earlier run
+        (out / stale).unlink(missing_ok=True)
+    return Tokenizer(model_bytes)
+
+
+def _model_tokenizer(model: str, out: Path) -> Tokenizer:
+    """Step 2 with --tokenizer-from: the tokenizer of `model` (a checkpoint, a MarianMT folder or hf:...), written
+    into OUT as nmt train reads it (spm.model; for an imported tokenizer spm.target.model and vocab.json too)."""
+    from nmt_cli import pretrained
+
+    tok = pretrained.load(model)[0].tokenizer_obj()
+    _atomic_write_bytes(out / SPM_MODEL, tok.model_bytes)
+    if tok.joint:
+        for stale in (SPM_TARGET, VOCAB_JSON):
+            (out / stale).unlink(missing_ok=True)
+    else:
+        _atomic_write_bytes(out / SPM_TARGET, tok.target_bytes or tok.model_bytes)
+        _atomic_write_text(out / VOCAB_JSON, json.dumps(tok.vocab, ensure_ascii=False))
+    return tok
+
+
 def _encode_split(split: str, source: PairSource, plan: _Plan, tok: Tokenizer, out: Path, cfg: CleanConfig,
                   normalizer: Normalizer, workers: int, chunk: int, total: int,
                   progress: Progress | None) -> dict:
@@ -241,8 +303,8 @@ def _encode_split(split: str, source: PairSource, plan: _Plan, tok: Tokenizer, o
         for src, tgt in source.chunks(chunk):
             src, tgt = text_filter(src, tgt, counts, drop_empty=is_train)
             src, tgt = normalizer(src, tgt)
-            ids_s = tok.encode(src, num_threads=workers)
-            ids_t = tok.encode(tgt, num_threads=workers)
+            ids_s = tok.encode(src, num_threads=workers, side="source" if a == plan.src else "target")
+            ids_t = tok.encode(tgt, num_threads=workers, side="target" if b == plan.tgt else "source")
             if is_train:
                 keep = length_mask(np.fromiter(map(len, ids_s), np.int64, len(ids_s)),
                                    np.fromiter(map(len, ids_t), np.int64, len(ids_t)), cfg, counts)
@@ -384,45 +446,14 @@ def _build(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path,
     reused: list[str] = []
     a, b = plan.file_langs
 
-    # 2. joint BPE
+    # 2. joint BPE, or the tokenizer of the model to fine-tune
     normalizer = Normalizer(a, b, opts.normalize_punct)
-    train = plan.sources["train"]
-    bpe_key = _digest({"v": FORMAT_VERSION, "input": train.fingerprint(), "vocab": plan.vocab_size,
-                       "sample": plan.bpe_sample, "seed": opts.seed, "norm": opts.normalize_punct,
-                       "coverage": plan.coverage, "errors": opts.errors})
-    spm_path = out / SPM_MODEL
-    if stamps.get("bpe", bpe_key, [spm_path]):
-        reused.append("bpe")
-        model_bytes = spm_path.read_bytes()
-    else:
+    if opts.tokenizer_from is not None:
         stamps.drop("bpe")
-        k = min(totals["train"], max(1, plan.bpe_sample // 2))
-        given, failed = [0], []
-
-        def sentences():  # sentencepiece turns an error raised while it reads into its own: keep ours
-            try:
-                yield from _bpe_sentences(train, totals["train"], k, opts.seed, normalizer, opts.chunk_size,
-                                          progress, given)
-            except BaseException as exc:
-                failed.append(exc)
-                raise
-
-        try:
-            model_bytes = train_bpe(sentences(), plan.vocab_size, character_coverage=plan.coverage,
-                                    num_threads=workers)
-        except (DataError, RuntimeError):
-            if failed:
-                raise failed[0] from None
-            if given[0] == 0:
-                raise DataError(f"the training data of {plan.name} has no non-empty sentence to learn BPE "
-                                "from") from None
-            raise
-        if failed:
-            raise failed[0]
-        _atomic_write_bytes(spm_path, model_bytes)
-        stamps.put("bpe", bpe_key, {"sentences": given[0]})
-    tok = Tokenizer(model_bytes)
-    spm_sha = hashlib.sha256(model_bytes).hexdigest()
+        tok = _model_tokenizer(opts.tokenizer_from, out)
+    else:
+        tok = _learn_bpe(opts, plan, totals, out, normalizer, stamps, workers, progress, reused)
+    spm_sha = hashlib.sha256(tok.model_bytes if tok.joint else repr(tok.key()).encode()).hexdigest()
     clock.lap("bpe")
 
     # 3. encode + binarize, per split
@@ -446,19 +477,20 @@ def _build(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path,
         clock.lap(f"encode {split}")
 
     # 4. manifest, last
-    manifest = _manifest(opts, plan, tok, spm_sha, results)
+    manifest = _manifest(opts, plan, tok, out, results)
     _atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     clock.total()
     return PrepareResult(out, manifest, reused, clock.wall, clock.cpu)
 
 
-def _manifest(opts: PrepareOptions, plan: _Plan, tok: Tokenizer, spm_sha: str, results: dict) -> dict:
+def _manifest(opts: PrepareOptions, plan: _Plan, tok: Tokenizer, out: Path, results: dict) -> dict:
     import sentencepiece
 
     from nmt_cli import __version__
 
     splits = {}
-    checksums = {SPM_MODEL: "sha256:" + spm_sha}
+    checksums = {name: "sha256:" + readers.sha256_file(out / name) for name in (SPM_MODEL, SPM_TARGET, VOCAB_JSON)
+                 if (out / name).is_file()}
     inputs = {}
     for split, r in results.items():
         c = r["counts"]
@@ -468,6 +500,8 @@ def _manifest(opts: PrepareOptions, plan: _Plan, tok: Tokenizer, spm_sha: str, r
         inputs[split] = r.get("inputs", {})
     options = {k: v for k, v in asdict(opts).items() if k not in ("out_dir", "force", "cache_dir")}
     options.update(vocab_size=plan.vocab_size, bpe_sample=plan.bpe_sample, character_coverage=plan.coverage)
+    if opts.tokenizer_from is not None:  # no BPE was learned
+        options.update(vocab_size=tok.vocab_size, bpe_sample=None, character_coverage=None)
     return {
         "format_version": FORMAT_VERSION,
         "corpus": plan.name,

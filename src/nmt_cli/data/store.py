@@ -27,7 +27,9 @@ from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.errors import DataError
 
 MANIFEST = "manifest.json"
-SPM_MODEL = "spm.model"
+SPM_MODEL = "spm.model"  # the joint sentencepiece model (or an imported tokenizer's source one)
+SPM_TARGET = "spm.target.model"  # an imported tokenizer's target sentencepiece model (nmt prepare --tokenizer-from)
+VOCAB_JSON = "vocab.json"  # an imported tokenizer's pieces, one per model id
 
 
 def dtype_for(vocab_size: int) -> np.dtype:
@@ -195,3 +197,19 @@ def collate(pairs: list[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID) ->
     tgt_out_t = torch.from_numpy(tgt_out)
     return Batch(src_t, pad_mask, torch.from_numpy(tgt_in), tgt_out_t,
                  int(tgt_out_t.ne(pad_id).sum()), int((~pad_mask).sum()))
+
+
+def read_tokenizer(data_dir: str | os.PathLike):
+    """The tokenizer a data directory was encoded with: spm.model, and for an imported one (nmt prepare
+    --tokenizer-from) spm.target.model and vocab.json beside it."""
+    import json
+
+    from nmt_cli.data.tokenizer import Tokenizer
+
+    data_dir = Path(data_dir)
+    if not (data_dir / SPM_MODEL).is_file():
+        raise DataError(f"{data_dir}/{SPM_MODEL} is missing; re-run nmt prepare for this data directory")
+    target = data_dir / SPM_TARGET
+    vocab = data_dir / VOCAB_JSON
+    return Tokenizer((data_dir / SPM_MODEL).read_bytes(), target.read_bytes() if target.is_file() else None,
+                     json.loads(vocab.read_text(encoding="utf-8")) if vocab.is_file() else None)

@@ -1,4 +1,4 @@
-"""Joint sentencepiece BPE with fixed special ids (pad 0, unk 1, bos 2, eos 3).
+"""Joint sentencepiece BPE with fixed special ids (pad 0, unk 1, bos 2, eos 3), and imported tokenizers.
 
 The model travels as bytes inside every checkpoint, so translation needs nothing but the checkpoint.
 """
@@ -38,20 +38,37 @@ def train_bpe(sentences: Iterable[str], vocab_size: int, *, character_coverage: 
 
 
 class Tokenizer:
-    """Encode raw text to ids and decode ids to detokenized text with a sentencepiece model."""
+    """Raw text <-> model ids. Two kinds, both carried inside every checkpoint:
 
-    def __init__(self, model_bytes: bytes):
-        self.model_bytes = bytes(model_bytes)
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.LoadFromSerializedProto(self.model_bytes)
-        except Exception as exc:  # sentencepiece raises RuntimeError/OSError on garbage
-            raise DataError(f"not a valid sentencepiece model ({exc})") from exc
-        if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise DataError("sentencepiece model has other special ids than pad 0, unk 1, bos 2, eos 3; "
-                            "re-run nmt prepare to learn a compatible model")
+    - nmt's own (`Tokenizer(model_bytes)`): one joint sentencepiece BPE model whose ids are the model's ids, with
+      pad 0, unk 1, bos 2, eos 3.
+    - an imported one (`Tokenizer(source, target, vocab)`, OPUS-MT/MarianMT's): a source and a target
+      sentencepiece model that cut text into pieces, and a vocabulary (the piece of each model id, nmt's four
+      special ids first) that numbers them; a piece outside it is unk. A leading language code `>>xx<<` (multilingual
+      OPUS-MT models) stays one piece, as MarianTokenizer keeps it.
+    """
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    def __init__(self, model_bytes: bytes, target_bytes: bytes | None = None, vocab: Sequence[str] | None = None):
+        self.model_bytes = bytes(model_bytes)
+        self.target_bytes = None if target_bytes is None else bytes(target_bytes)
+        self.vocab = None if vocab is None else list(vocab)
+        self.sp = _load(self.model_bytes)
+        if self.vocab is None:
+            if self.target_bytes is not None:
+                raise DataError("a separate target sentencepiece model needs a vocabulary; this tokenizer is damaged")
+            if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (PAD_ID, UNK_ID, BOS_ID,
+                                                                                            EOS_ID):
+                raise DataError("sentencepiece model has other special ids than pad 0, unk 1, bos 2, eos 3; "
+                                "re-run nmt prepare to learn a compatible model")
+            self.target_sp = self.sp
+            self.index = None
+        else:
+            self.target_sp = _load(self.target_bytes) if self.target_bytes is not None else self.sp
+            self.index = {piece: i for i, piece in enumerate(self.vocab)}
+            if len(self.index) != len(self.vocab) or len(self.vocab) <= EOS_ID:
+                raise DataError("the tokenizer's vocabulary repeats a piece or lacks the special tokens; it is damaged")
 
     @classmethod
     def from_file(cls, path) -> Tokenizer:
@@ -59,17 +76,58 @@ class Tokenizer:
             return cls(f.read())
 
     @property
-    def vocab_size(self) -> int:
-        return self.sp.get_piece_size()
+    def joint(self) -> bool:
+        """nmt's own kind: sentencepiece ids are the model's ids."""
+        return self.vocab is None
 
-    def encode(self, lines: Sequence[str], num_threads: int = -1) -> list[list[int]]:
-        """Token ids without BOS/EOS, one list per line."""
-        return self.sp.encode(list(lines), out_type=int, num_threads=num_threads)
+    def key(self) -> tuple:
+        """What makes two tokenizers the same (checkpoints to average, ensemble or resume)."""
+        return self.model_bytes, self.target_bytes, None if self.vocab is None else tuple(self.vocab)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size() if self.vocab is None else len(self.vocab)
+
+    def encode(self, lines: Sequence[str], num_threads: int = -1, side: str = "source") -> list[list[int]]:
+        """Token ids without BOS/EOS, one list per line; `side` "target" for target-language text."""
+        if self.vocab is None:
+            return self.sp.encode(list(lines), out_type=int, num_threads=num_threads)
+        sp = self.sp if side == "source" else self.target_sp
+        codes, texts = zip(*(_language_code(line) for line in lines), strict=True) if lines else ((), ())
+        pieces = sp.encode(list(texts), out_type=str, num_threads=num_threads)
+        unk, index = UNK_ID, self.index
+        return [[index.get(p, unk) for p in code + ps] for code, ps in zip(codes, pieces, strict=True)]
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
-        """Detokenized text; special ids (pad/bos/eos) are dropped."""
+        """Detokenized target text; special ids (pad/bos/eos) are dropped."""
         specials = {PAD_ID, BOS_ID, EOS_ID}
-        return self.sp.decode([[i for i in seq if i not in specials] for seq in ids])
+        if self.vocab is None:
+            return self.sp.decode([[i for i in seq if i not in specials] for seq in ids])
+        return [self.target_sp.decode_pieces([self.vocab[i] for i in seq if i not in specials]) for seq in ids]
 
-    def pieces(self, line: str) -> list[str]:
-        return self.sp.encode(line, out_type=str)
+    def piece(self, i: int, side: str = "target") -> str:
+        """The piece of model id `i`."""
+        if self.vocab is None:
+            return self.sp.id_to_piece(i)
+        return self.vocab[i]
+
+    def pieces(self, line: str, side: str = "source") -> list[str]:
+        return [self.piece(i, side) for i in self.encode([line], side=side)[0]]
+
+
+def _load(model_bytes: bytes) -> spm.SentencePieceProcessor:
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.LoadFromSerializedProto(model_bytes)
+    except Exception as exc:  # sentencepiece raises RuntimeError/OSError on garbage
+        raise DataError(f"not a valid sentencepiece model ({exc})") from exc
+    return sp
+
+
+def _language_code(line: str) -> tuple[list[str], str]:
+    """`>>xx<< text` -> ([">>xx<<"], " text") as MarianTokenizer splits it; other lines ([], line)."""
+    if line.startswith(">>"):
+        end = line.find("<<")
+        if end != -1:
+            return [line[: end + 2]], line[end + 2 :]
+    return [], line

@@ -23,7 +23,7 @@ import torch
 
 from nmt_cli import __version__
 from nmt_cli.checkpoint import Checkpoint
-from nmt_cli.config import PAD_ID
+from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.errors import ConfigError
 from nmt_cli.export import require
 from nmt_cli.export.card import CardInfo, model_card
@@ -53,13 +53,15 @@ def build_spec(ckpt: Checkpoint):
     if not SUPPORTED_CTRANSLATE2[0] <= major < SUPPORTED_CTRANSLATE2[1]:
         raise ConfigError(f"ctranslate2 {ct2.__version__} is not supported (4.x is); "
                           "install a supported one: pip install 'ctranslate2>=4.5,<5'")
-    from ctranslate2.specs import transformer_spec
+    from ctranslate2.specs import common_spec, transformer_spec
 
     check_convertible(ckpt)
     c = ckpt.model_config
     model = ckpt.build_model("cpu").float()
+    activation = {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU,
+                  "swish": common_spec.Activation.SWISH}[c.activation]
     spec = transformer_spec.TransformerSpec.from_config((c.encoder_layers, c.decoder_layers), c.n_heads,
-                                                        pre_norm=c.norm_first)
+                                                        pre_norm=c.norm_first, activation=activation)
     with torch.no_grad():
         src_embed = model.embed.weight
         tgt_embed = getattr(model, "tgt_embed", model.embed).weight
@@ -69,7 +71,7 @@ def build_spec(ckpt: Checkpoint):
             embeddings.weight = _numpy(table)
             side.scale_embeddings = True  # sqrt(d_model), as nmt
             side.position_encodings.encodings = _numpy(model.positions)
-        _linear(spec.decoder.projection, out_proj)
+        _linear(spec.decoder.projection, out_proj, getattr(model, "output_bias", None))
         for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers, strict=True):
             _attention(layer_spec.self_attention, layer.self_attn)
             _layer_norm(layer_spec.self_attention.layer_norm, layer.sub1.norm)
@@ -86,8 +88,8 @@ def build_spec(ckpt: Checkpoint):
     vocab = vocabulary(ckpt)
     spec.register_source_vocabulary(vocab)
     spec.register_target_vocabulary(vocab)
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = "<unk>", "<s>", "</s>"
-    spec.config.decoder_start_token = "<s>"  # nmt's decoder starts from BOS
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = vocab[UNK_ID], vocab[BOS_ID], vocab[EOS_ID]
+    spec.config.decoder_start_token = vocab[BOS_ID]  # nmt's decoder starts from BOS
     spec.config.add_source_eos = True  # nmt encodes a source as its pieces + EOS
     spec.config.layer_norm_epsilon = c.layer_norm_eps
     spec.validate()
@@ -95,9 +97,9 @@ def build_spec(ckpt: Checkpoint):
 
 
 def vocabulary(ckpt: Checkpoint) -> list[str]:
-    """The sentencepiece pieces by id; id 0 (padding) is CTranslate2's padding token `<blank>`."""
-    sp = ckpt.tokenizer_obj().sp
-    vocab = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    """The pieces by model id; id 0 (padding) is CTranslate2's padding token `<blank>`."""
+    tok = ckpt.tokenizer_obj()
+    vocab = [tok.piece(i) for i in range(tok.vocab_size)]
     vocab[PAD_ID] = "<blank>"
     return vocab
 
@@ -146,7 +148,11 @@ def export(ckpt: Checkpoint, out_dir: str | os.PathLike, quantization: str | Non
     out_dir = Path(out_dir)
     with atomic_folder(out_dir, replace) as tmp:
         spec.save(str(tmp))
-        (tmp / SPM_FILE).write_bytes(ckpt.tokenizer)
+        if ckpt.target_tokenizer is None:
+            (tmp / SPM_FILE).write_bytes(ckpt.tokenizer)
+        else:  # an imported (OPUS-MT) tokenizer: pieces of the source model in, of the target model out
+            (tmp / "source.spm").write_bytes(ckpt.tokenizer)
+            (tmp / "target.spm").write_bytes(ckpt.target_tokenizer)
         (tmp / "README.md").write_text(readme(ckpt, card or CardInfo(), out_dir.name, quantization),
                                        encoding="utf-8")
         provenance = {"format": "ctranslate2", "nmt_version": __version__, "quantization": quantization or "float32",
@@ -177,5 +183,12 @@ length penalty divides a hypothesis' score by length^alpha (nmt's `fairseq` form
 def readme(ckpt: Checkpoint, card: CardInfo, folder: str, quantization: str | None) -> str:
     title = f"nmt {ckpt.langs.get('src', '?')}→{ckpt.langs.get('tgt', '?')} for CTranslate2"
     note = f"\n\nWeights stored as `{quantization}`." if quantization else ""
-    return model_card(ckpt, card, title=title, library="ctranslate2", usage=usage(folder) + note,
+    text = usage(folder)
+    if ckpt.target_tokenizer is not None:
+        text = text.replace(
+            f'sp, translator = sentencepiece.SentencePieceProcessor(model_file="{folder}/{SPM_FILE}"), ',
+            f'src = sentencepiece.SentencePieceProcessor(model_file="{folder}/source.spm")\n'
+            f'sp = sentencepiece.SentencePieceProcessor(model_file="{folder}/target.spm")\n'
+            'translator = ').replace("[sp.encode(", "[src.encode(")
+    return model_card(ckpt, card, title=title, library="ctranslate2", usage=text + note,
                       tags=["ctranslate2"])

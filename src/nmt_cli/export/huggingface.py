@@ -12,6 +12,9 @@ residual stream's coordinates in every weight that reads it (embeddings, q/k/v, 
 and the output dot product are invariant to a common permutation), and under it nmt's table IS Marian's table. The
 saved model is therefore exact after `from_pretrained`, with nothing to patch at load time.
 
+Imported OPUS-MT models (marian.py) go back out in nmt's vocabulary layout (pad 0, unk 1, bos 2, eos 3) with their
+source and target sentencepiece models, activation and final_logits_bias.
+
 Refused (one line each): pre-LN models (Marian is post-LN; CTranslate2 can take them), separate embeddings.
 """
 
@@ -69,7 +72,7 @@ def marian_config(ckpt: Checkpoint):
         vocab_size=c.vocab_size, decoder_vocab_size=c.vocab_size, d_model=c.d_model,
         encoder_layers=c.encoder_layers, decoder_layers=c.decoder_layers,
         encoder_attention_heads=c.n_heads, decoder_attention_heads=c.n_heads,
-        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function="relu",
+        encoder_ffn_dim=c.d_ff, decoder_ffn_dim=c.d_ff, activation_function=c.activation,
         max_position_embeddings=c.max_positions, scale_embedding=True,
         dropout=c.dropout, attention_dropout=c.attention_dropout, activation_dropout=c.activation_dropout,
         pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
@@ -144,7 +147,10 @@ def marian_state_dict(nmt: dict[str, torch.Tensor], d_model: int) -> dict[str, t
     for key in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
                 "lm_head.weight"):
         out[key] = embed
-    out["final_logits_bias"] = torch.zeros(1, embed.size(0))
+    bias = nmt.get("output_bias")
+    if bias is not None:
+        used.add("output_bias")
+    out["final_logits_bias"] = (torch.zeros(embed.size(0)) if bias is None else bias.float()).reshape(1, -1)
     unused = set(nmt) - used
     if unused:
         raise ConfigError(f"the Hugging Face export does not know the checkpoint weights {sorted(unused)[:3]}; "
@@ -171,13 +177,14 @@ def to_marian(ckpt: Checkpoint):
 
 def write_tokenizer(ckpt: Checkpoint, folder: Path):
     """MarianTokenizer files in `folder`: source.spm = target.spm (the joint BPE model), vocab.json (piece -> id,
-    the sentencepiece ids nmt uses), tokenizer_config.json. -> the tokenizer."""
+    the ids nmt uses), tokenizer_config.json. An imported tokenizer keeps its two sentencepiece models. -> the
+    tokenizer."""
     from transformers import MarianTokenizer
 
-    sp = ckpt.tokenizer_obj().sp
-    for name in ("source.spm", "target.spm"):
-        (folder / name).write_bytes(ckpt.tokenizer)
-    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    tok = ckpt.tokenizer_obj()
+    (folder / "source.spm").write_bytes(tok.model_bytes)
+    (folder / "target.spm").write_bytes(tok.target_bytes or tok.model_bytes)
+    vocab = {tok.piece(i): i for i in range(tok.vocab_size)}
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1), encoding="utf-8")
     tokenizer = MarianTokenizer(
         source_spm=str(folder / "source.spm"), target_spm=str(folder / "target.spm"), vocab=str(folder / "vocab.json"),

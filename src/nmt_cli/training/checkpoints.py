@@ -93,7 +93,7 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> Checkpoint:
         ckpt = load(path)
         if ckpt.model_config != first.model_config:
             raise CheckpointError(f"{path} has a different model config from {paths[0]}; average checkpoints of one run")
-        if ckpt.tokenizer != first.tokenizer:
+        if ckpt.tokenizer_key() != first.tokenizer_key():
             raise CheckpointError(f"{path} has a different tokenizer from {paths[0]}; average checkpoints of one run")
         if set(ckpt.model_state) != set(sums):
             raise CheckpointError(f"{path} has different weights from {paths[0]}; average checkpoints of one run")
@@ -107,7 +107,8 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> Checkpoint:
     state = {k: (v / n).to(first.model_state[k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
     meta = {k: v for k, v in last.meta.items() if k in ("step", "epoch", "preset")}
     meta["averaged_from"] = [str(p) for p in paths]
-    return Checkpoint(first.model_config, state, first.tokenizer, dict(first.langs), None, meta)
+    return Checkpoint(first.model_config, state, first.tokenizer, dict(first.langs), None, meta,
+                      first.target_tokenizer, first.vocab)
 
 
 def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:

@@ -27,6 +27,7 @@ RECIPES: dict[str, dict] = {
 # Model options a user may override on the command line (ModelConfig field names).
 MODEL_OVERRIDES = ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "dropout",
                    "attention_dropout", "activation_dropout", "max_positions", "norm_first", "share_embeddings")
+FINE_TUNE_OVERRIDES = ("dropout", "attention_dropout", "activation_dropout")  # what --init-from lets a run change
 
 
 @dataclass
@@ -37,6 +38,7 @@ class TrainConfig:
     out_dir: str
     preset: str = "base"
     model: dict = field(default_factory=dict)  # ModelConfig overrides, e.g. {"d_model": 256}
+    init_from: str | None = None  # start from these weights (checkpoint, MarianMT folder, hf:...): fine-tuning
     # optimisation (Adam(0.9, 0.98, 1e-9), inverse-square-root schedule, label smoothing 0.1)
     lr: float | None = None  # peak learning rate; None = d_model^-0.5 * warmup^-0.5 (the paper's formula)
     warmup: int | None = None
@@ -93,6 +95,14 @@ class TrainConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
         if isinstance(self.update_freq, int) and self.update_freq < 1:
             raise ConfigError(f"--update-freq must be at least 1, got {self.update_freq}")
+        if self.init_from is not None:
+            if self.resume:
+                raise ConfigError("--init-from starts a new run from a model's weights and --resume continues "
+                                  "RUN_DIR's run; drop one of them")
+            fixed = sorted(set(self.model) - set(FINE_TUNE_OVERRIDES))
+            if fixed:
+                raise ConfigError(f"--init-from takes the architecture from the model it starts from; drop "
+                                  f"{', '.join('--' + k.replace('_', '-') for k in fixed)} (dropout may be set)")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.clip_norm < 0:

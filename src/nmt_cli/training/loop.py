@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -29,7 +28,7 @@ import torch
 from nmt_cli.checkpoint import Checkpoint, load, remove_stale_tmp, save
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
-from nmt_cli.data.store import SPM_MODEL, Batch, ParallelData, collate, load_manifest
+from nmt_cli.data.store import Batch, ParallelData, collate, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
 from nmt_cli.training.checkpoints import (
     AVERAGED,
@@ -103,7 +102,7 @@ class Trainer:
         self.progress = progress if rt.is_main else None
         self.out_dir = plan.out_dir
         cfg, device = self.cfg, rt.device
-        self.tokenizer = (Path(cfg.data_dir) / SPM_MODEL).read_bytes()
+        self.tokenizer = read_tokenizer(cfg.data_dir)
         manifest = load_manifest(cfg.data_dir)
         self.train_data = ParallelData(cfg.data_dir, "train", manifest)
         self.batches = make_batches(self.train_data.src_lengths, self.train_data.tgt_lengths, plan.batching.max_tokens)
@@ -132,6 +131,8 @@ class Trainer:
         self.criterion = "valid_bleu" if cfg.valid_bleu else "valid_nll"  # what "best" means
         if plan.resume_from:
             self._restore(load(plan.resume_from))
+        elif plan.init_from:  # fine-tuning: the weights only (a new optimizer, schedule and step counter)
+            self.module.load_state_dict(load(plan.init_from, map_location=device).model_state)
         self.model = torch.compile(self.module) if cfg.compile else self.module
         if rt.distributed:
             # The only buffer is the constant position table: no broadcast of it before every forward.
@@ -328,10 +329,9 @@ class Trainer:
         """Corpus BLEU (sacrebleu) of the beam-search translations of the valid sources, as nmt translate decodes."""
         import sacrebleu
 
-        from nmt_cli.data.tokenizer import Tokenizer
         from nmt_cli.decoding import SearchConfig, beam_search
 
-        tok, data, rt = Tokenizer(self.tokenizer), self.valid_data, self.rt
+        tok, data, rt = self.tokenizer, self.valid_data, self.rt
         search_cfg = SearchConfig(beam=self.cfg.valid_beam)
         hyps: dict[int, str] = {}
         for idx in self.valid_batches:
@@ -374,18 +374,21 @@ class Trainer:
             return
         meta = {"step": self.step, "epoch": self.epoch, "preset": self.cfg.preset, **(valid or {})}
         weights = self._weights()
-        cfg, langs = self.plan.model_config, self.plan.langs
-        save(Checkpoint(cfg, weights, self.tokenizer, langs, self._train_state(rngs), meta), self.out_dir / LAST)
+        save(self._checkpoint(weights, meta, self._train_state(rngs)), self.out_dir / LAST)
         if periodic:
-            save(Checkpoint(cfg, weights, self.tokenizer, langs, None, meta), self.out_dir / periodic_name(self.step))
+            save(self._checkpoint(weights, meta), self.out_dir / periodic_name(self.step))
             prune_periodic(self.out_dir, self.plan.keep_last)
         self._emit({"kind": "save", "step": self.step, "path": str(self.out_dir / LAST), "periodic": periodic})
 
     def save_best(self, valid: dict) -> None:
         if self.rt.is_main:
             meta = {"step": self.step, "epoch": self.epoch, "preset": self.cfg.preset, **valid}
-            save(Checkpoint(self.plan.model_config, self._weights(), self.tokenizer, self.plan.langs, None, meta),
-                 self.out_dir / BEST)
+            save(self._checkpoint(self._weights(), meta), self.out_dir / BEST)
+
+    def _checkpoint(self, weights: dict, meta: dict, train_state: dict | None = None) -> Checkpoint:
+        tok = self.tokenizer
+        return Checkpoint(self.plan.model_config, weights, tok.model_bytes, self.plan.langs, train_state, meta,
+                          tok.target_bytes, tok.vocab)
 
     # -- reporting ------------------------------------------------------------------------------------------------
 

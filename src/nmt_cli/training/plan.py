@@ -16,7 +16,7 @@ from nmt_cli import __version__
 from nmt_cli.checkpoint import atomic_write, load
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data.batching import make_batches
-from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest
+from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.training.checkpoints import LAST
 from nmt_cli.training.config import (
@@ -46,6 +46,7 @@ class RunPlan:
     keep_last: int
     langs: dict
     resume_from: str | None
+    init_from: str | None  # a checkpoint file whose weights start the run (fine-tuning), when not resuming
     has_valid: bool
     mean_tgt_tokens: float  # real target tokens per micro-batch, on average
 
@@ -64,10 +65,13 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
             raise DataError(f"{data_dir}/manifest.json has no '{key}' (not written by nmt prepare?); re-run nmt prepare")
     if "train" not in manifest["splits"]:
         raise DataError(f"{data_dir} has no train split; re-run nmt prepare")
-    if not (data_dir / SPM_MODEL).is_file():
-        raise DataError(f"{data_dir}/{SPM_MODEL} is missing; re-run nmt prepare for this data directory")
+    tokenizer = read_tokenizer(data_dir)
     launch = plan_launch(cfg.gpus, cfg.cpu_procs, cfg.precision)
-    model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
+    init_from = None
+    if cfg.init_from is not None:
+        model_config, init_from = _init_from(cfg, tokenizer)
+    else:
+        model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
     batching = resolve_batching(cfg, launch.world_size, launch.device_type, model_config, _gpu_memory(launch),
                                 launch.precision)
     train = ParallelData(data_dir, "train", manifest)
@@ -90,14 +94,14 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     env = torchrun_env()
     # Rank 0 decides whether and from where to resume (`agree_on_resume`): the other ranks' run directories may
     # not be the same storage (several nodes), and a rank refusing here would leave the others waiting for it.
-    resume_from = (_check_resume(cfg, out_dir, model_config, (data_dir / SPM_MODEL).read_bytes())
+    resume_from = (_check_resume(cfg, out_dir, model_config, tokenizer.key())
                    if env is None or env[0] == 0 else None)
     return RunPlan(
         cfg=cfg, launch=launch, model_config=model_config, batching=batching,
         warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=cfg.max_steps or cfg.recipe("max_steps"),
         save_minutes=resolve_save_minutes(cfg), keep_last=resolve_keep_last(cfg),
         langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
-        has_valid="valid" in manifest["splits"],
+        init_from=init_from, has_valid="valid" in manifest["splits"],
         mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
     )
 
@@ -121,7 +125,19 @@ def _check_writable(out_dir: Path) -> None:
                           "pick another -o or fix the permissions")
 
 
-def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, tokenizer: bytes) -> str | None:
+def _init_from(cfg: TrainConfig, tokenizer) -> tuple[ModelConfig, str]:
+    """--init-from: the model configuration (this run's dropout) and the checkpoint file holding the weights (a
+    MarianMT model converted once, pretrained.py). The data must be encoded with that model's own tokenizer."""
+    from nmt_cli import pretrained
+
+    ckpt, origin = pretrained.load(cfg.init_from)
+    if ckpt.tokenizer_key() != tokenizer.key():
+        raise DataError(f"{cfg.data_dir} was encoded with another tokenizer than {cfg.init_from}'s; prepare the data "
+                        f"with that model's own: nmt prepare ... --tokenizer-from {cfg.init_from}")
+    return dataclasses.replace(ckpt.model_config, **cfg.model).validate(), origin["path"]
+
+
+def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, tokenizer: tuple) -> str | None:
     last = out_dir / LAST
     if not last.exists():
         if cfg.resume:
@@ -138,7 +154,7 @@ def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, to
                 if getattr(model_config, k) != v]
         raise CheckpointError(f"{last} was trained with another model ({'; '.join(diff)}); "
                               "use the same preset/options to resume, or another -o")
-    if ckpt.tokenizer != tokenizer:
+    if ckpt.tokenizer_key() != tokenizer:
         raise CheckpointError(f"{last} was trained with another tokenizer than {cfg.data_dir}/{SPM_MODEL}; "
                               "resume with the same data directory, or pick another -o")
     return str(last)
