@@ -45,11 +45,24 @@ def run_nmt(*args, env=None, input=None):
                           timeout=300, env=env)
 
 
-def test_the_converted_model_gives_transformers_logits(folder, hf):
+VARIANTS = {"swish, tied": {}, "gelu, untied output": {"activation_function": "gelu", "tie_word_embeddings": False},
+            "relu": {"activation_function": "relu"}}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_converted_model_gives_transformers_logits(folder, hf, variant, tmp_path):
+    if VARIANTS[variant]:
+        from transformers import MarianMTModel, MarianTokenizer
+
+        folder = make_marian(tmp_path / "variant", steps=30, **VARIANTS[variant])
+        hf = MarianTokenizer.from_pretrained(str(folder)), MarianMTModel.from_pretrained(str(folder)).eval()
     tokenizer, model = hf
     ckpt = marian.convert(folder)
     c = ckpt.model_config
-    assert (c.activation, c.output_bias, c.vocab_size) == ("swish", True, model.config.vocab_size + 1)
+    expected = {"swish": "swish", "silu": "swish"}.get(model.config.activation_function,
+                                                        model.config.activation_function)
+    assert (c.activation, c.output_bias, c.vocab_size) == (expected, True, model.config.vocab_size + 1)
+    assert c.share_embeddings == model.config.tie_word_embeddings
     tok, pairs = ckpt.tokenizer_obj(), toy_pairs(16, seed=6)
     batch = tokenizer([p[0] for p in pairs], text_target=[p[1] for p in pairs], return_tensors="pt", padding=True)
     src = [ids + [EOS_ID] for ids in tok.encode([p[0] for p in pairs])]

@@ -182,17 +182,19 @@ def _feed_forward(w: _Weights, mine: str, theirs: str, norm: str) -> None:
 
 
 def _embeddings(w: _Weights, order: list[int], tied: bool) -> None:
+    """The matrices the encoder and decoder read (save_pretrained may store a tied one only as model.shared)."""
     rows = torch.tensor(order)
-    shared = "model.shared.weight" if "model.shared.weight" in w.hf else "model.encoder.embed_tokens.weight"
-    w.out["embed.weight"] = w.take(shared)[rows][:, w.inv]
-    for name in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight"):
-        if name in w.hf:
-            w.used.add(name)  # the same matrix as model.shared (share_encoder_decoder_embeddings)
+
+    def matrix(name: str) -> str:
+        return name if name in w.hf else "model.shared.weight"
+
+    w.out["embed.weight"] = w.take(matrix("model.encoder.embed_tokens.weight"))[rows][:, w.inv]
     if tied:
-        w.used.add("lm_head.weight")
+        w.used.update({"model.shared.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"} & set(w.hf))
     else:
-        w.out["tgt_embed.weight"] = w.take("model.decoder.embed_tokens.weight")[rows][:, w.inv]
+        w.out["tgt_embed.weight"] = w.take(matrix("model.decoder.embed_tokens.weight"))[rows][:, w.inv]
         w.out["out_proj.weight"] = w.take("lm_head.weight")[rows][:, w.inv]
+        w.used.update({"model.shared.weight"} & set(w.hf))
     w.used.update(k for k in w.hf if k.endswith("embed_positions.weight"))  # the sinusoid table, rebuilt
 
 
@@ -211,7 +213,7 @@ def convert(folder: str | Path) -> Checkpoint:
     marian_vocab = _read_json(folder / "vocab.json")
     weights = load_weights(folder)
     size = hf["vocab_size"]
-    if weights.get("model.shared.weight", weights.get("model.encoder.embed_tokens.weight")) is None:
+    if "model.shared.weight" not in weights and "model.encoder.embed_tokens.weight" not in weights:
         raise CheckpointError(f"{folder}: the weights have no embedding matrix (model.shared.weight)")
     pad = hf.get("pad_token_id", generation.get("pad_token_id"))
     eos = hf.get("eos_token_id", generation.get("eos_token_id"))
