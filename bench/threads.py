@@ -1,64 +1,111 @@
-"""Training speed with 1 and 2 torch threads, on an idle machine and beside one busy process (issue 14: which
-default keeps `make demo` from halving its speed on a shared 2-core machine).
+"""Thread counts on an idle and a busy machine: `nmt train` and `nmt translate` as a user runs them, with the default
+threads (the free cores, nmt_cli/cpus.py) against fixed counts (--threads 1, --threads N = one per core, the
+default before the free cores were counted), beside 0, 1 and 2 busy processes.
 
-    python bench/threads.py                 # the demo's model: tiny preset on the sample corpus, fp32
-    python bench/threads.py --seconds 30 --rounds 2 --precision bf16
+    python bench/threads.py                       # tiny preset on the sample corpus, 2 rounds
+    python bench/threads.py --rounds 3 --steps 200 --lines 400
 
-Each configuration runs the real `Trainer.update()` (bench/train.py's `measure`) for --seconds; configurations are
-alternated over --rounds; the busy neighbour is one `python -c "while True: pass"` process. The load average is
-printed before and after, since other processes on a shared machine change every figure.
+Each measurement is one `nmt` process (start-up and the thread choice included); configurations are alternated
+within each round and the load changes between rounds' blocks; a busy neighbour is `python -c "while True: pass"`.
+Figures: training updates/s from the run's metrics.jsonl (the `end` event: updates / elapsed), translation
+lines/s from the wall time of the whole command. The best of the rounds is shown with the thread count the default
+chose, and each configuration's ratio to the best fixed count under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]
+WORK = ROOT / "runs" / "bench_threads"
+NMT = [sys.executable, "-m", "nmt_cli.cli"]
 
-sys.path.insert(0, str(Path(__file__).parent))
-from train import WORK, measure  # noqa: E402
+
+def run(args: list[str], **kw) -> subprocess.CompletedProcess:
+    r = subprocess.run(NMT + args, capture_output=True, text=True, **kw)
+    if r.returncode:
+        sys.exit(f"failed: nmt {' '.join(args)}\n{r.stderr}")
+    return r
 
 
-def sample_data_dir(path: Path) -> Path:
-    if not (path / "manifest.json").exists():
-        nmt = Path(sys.executable).with_name("nmt")
-        subprocess.run([str(nmt), "prepare", "sample", "-o", str(path)], check=True, capture_output=True)
-    return path
+def train(data: Path, threads: str | None, steps: int) -> tuple[float, str]:
+    out = WORK / "run"
+    shutil.rmtree(out, ignore_errors=True)
+    extra = [] if threads is None else ["--threads", threads]
+    r = run(["train", str(data), "-o", str(out), "--preset", "tiny", "--max-steps", str(steps), "--no-resume",
+             "--save-every", str(steps), "--valid-every", str(steps), "--precision", "fp32", *extra])
+    end = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"end"' in line][-1]
+    chose = re.search(r"threads: ([^\n]*)", r.stderr)
+    return end["step"] / end["elapsed"], chose.group(1) if chose else ""
+
+
+def translate(model: Path, lines: Path, threads: str | None) -> tuple[float, str]:
+    extra = [] if threads is None else ["--threads", threads]
+    t0 = time.perf_counter()
+    r = run(["translate", "-m", str(model), "-i", str(lines), *extra])
+    seconds = time.perf_counter() - t0
+    chose = re.search(r"threads: ([^\n(]*)", r.stderr)
+    n = len(lines.read_text().splitlines())
+    return n / seconds, chose.group(1).strip() if chose else "all cores (no note: none busy)"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--precision", default="fp32")
-    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--steps", type=int, default=150, help="Training updates per measurement.")
+    ap.add_argument("--lines", type=int, default=300, help="Lines translated per measurement.")
+    ap.add_argument("--loads", default="0,1,2", help="Busy neighbour processes.")
     args = ap.parse_args()
-    data = sample_data_dir(WORK / "sample")
-    print(f"{os.cpu_count()} CPUs, load average before: {os.getloadavg()}", flush=True)
-    results: dict[tuple[str, int], list[float]] = {}
+    cores = len(os.sched_getaffinity(0))
+    flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in Path("/proc/cpuinfo").read_text()]
+    print(f"{cores} cores ({' '.join(flags)}); load average before: {os.getloadavg()}", flush=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    data = WORK / "sample"
+    if not (data / "manifest.json").exists():
+        run(["prepare", "sample", "-o", str(data)])
+    model = WORK / "model.pt"
+    if not model.exists():
+        train(data, None, args.steps)
+        shutil.copy(WORK / "run" / "checkpoint_last.pt", model)
+    lines = WORK / "lines.en"
+    lines.write_text("".join((data / "raw" / "test.en").read_text().splitlines(True)[: args.lines]))
+    configs = [None, "1", str(cores)]
+    results: dict[tuple, list] = {}
     for _ in range(args.rounds):
-        for load in ("idle", "1 busy process"):
-            busy = (subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load != "idle" else None)
+        for load in (int(x) for x in args.loads.split(",")):
+            busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
             try:
-                for threads in (int(t) for t in args.threads.split(",")):
-                    torch.set_num_threads(threads)
-                    r = measure(data, "tiny", {}, args.precision, 2048, args.seconds, "cpu", window=args.seconds / 4)
-                    results.setdefault((load, threads), []).append(r["tgt_tok_s"])
-                    print(f"  {load:<15} --threads {threads}: {r['tgt_tok_s']:7.0f} tgt tok/s "
-                          f"({r['s_per_update'] * 1e3:.0f} ms/update)", flush=True)
+                time.sleep(0.5)
+                for threads in configs:
+                    for task in ("train", "translate"):
+                        value, chose = (train(data, threads, args.steps) if task == "train"
+                                        else translate(model, lines, threads))
+                        results.setdefault((task, load, threads), []).append((value, chose))
+                        name = "default" if threads is None else f"--threads {threads}"
+                        print(f"  {load} busy  {task:<9} {name:<12} {value:8.2f}  {chose}", flush=True)
             finally:
-                if busy is not None:
-                    busy.kill()
-                    busy.wait()
+                for p in busy:
+                    p.kill()
+                    p.wait()
     print(f"load average after: {os.getloadavg()}")
-    print("\nbest of rounds, target tokens/s (tiny preset, sample corpus, "
-          f"{args.precision}, 2048-token updates):")
-    for (load, threads), values in results.items():
-        print(f"  {load:<15} --threads {threads}: {max(values):7.0f}")
+    print("\nbest of rounds (train: updates/s, tiny preset, fp32; translate: lines/s, beam 4, the start-up "
+          "included); ratio to the best fixed count under the same load:")
+    for task in ("train", "translate"):
+        for load in (int(x) for x in args.loads.split(",")):
+            best = {t: max(v for v, _ in results[(task, load, t)]) for t in configs}
+            fixed = max(best[t] for t in configs if t is not None)
+            for t in configs:
+                name = "default" if t is None else f"--threads {t}"
+                chose = results[(task, load, t)][0][1] if t is None else ""
+                print(f"  {task:<9} {load} busy  {name:<12} {best[t]:8.2f}  {best[t] / fixed:5.2f}x  {chose}")
 
 
 if __name__ == "__main__":

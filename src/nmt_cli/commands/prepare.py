@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                                        help="Learn BPE from at most N sentences (both sides)."),
         seed: int = typer.Option(1, "--seed", metavar="N", rich_help_panel=_CLEAN,
                                  help="Seed of the BPE training sample."),
-        workers: int = typer.Option(0, "--workers", min=0, metavar="N", help="Encoding threads (0: all cores)."),
+        workers: int = typer.Option(0, "--workers", min=0, metavar="N", help="Encoding threads (0: the cores not busy with other work)."),
     ) -> None:
         if list_corpora:
             _print_list()

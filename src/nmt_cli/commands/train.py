@@ -152,12 +152,18 @@ def register(app: typer.Typer) -> None:
                  "with AMX or AVX512-BF16), fp16 on older GPUs, else fp32."),
         compile: bool = typer.Option(False, "--compile", rich_help_panel=_MACHINE, help="Use torch.compile."),
         threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
-                                    show_default="cores / processes", help="Torch threads per process."),
+                                    show_default="the free cores / processes",
+                                    help="Torch threads per process (default: the cores not busy with other "
+                                         "work when the run starts, shared by its processes)."),
         log_every: int = typer.Option(100, "--log-every", min=1, metavar="N", rich_help_panel=_MACHINE,
                                       help="Updates between log lines."),
     ) -> None:
+        from nmt_cli import cpus
         from nmt_cli.training.config import TrainConfig
         from nmt_cli.training.launch import train as run_training
+
+        if threads is None:
+            cpus.start()  # the free cores, sampled while the run is planned
 
         model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
                  "attention_dropout": attention_dropout,
@@ -260,7 +266,9 @@ class Display:
         if e["resumed_at"] is not None:
             self.last_saved = e["resumed_at"]
             self.line(f"resuming {e['out_dir']} at update {e['resumed_at']}")
-        self.line(f"training {e['preset']} ({e['params'] / 1e6:.1f}M parameters) on {where}, {e['precision']}")
+        threads = f"; threads: {e['threads_reason']}" if e.get("threads_reason") else ""
+        self.line(f"training {e['preset']} ({e['params'] / 1e6:.1f}M parameters) on {where}, {e['precision']}"
+                  f"{threads}")
         self.line(f"batch: --max-tokens {e['max_tokens']} x --update-freq {e['update_freq']} x {e['world_size']} "
                   f"process(es) = at most {e['max_tokens_per_update']} padded tokens, ~{e['tgt_tokens_per_update']:.0f} "
                   f"target tokens per update ({e['batches_per_epoch']} batches/epoch, "

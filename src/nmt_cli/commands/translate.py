@@ -157,8 +157,10 @@ def register(app: typer.Typer) -> None:
                  "is the fastest on CPUs without them."
         ),
         threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
-                                    show_default="one per core", help="CPU threads."),
+                                    show_default="the cores not busy with other work",
+                                    help="CPU threads."),
     ) -> None:
+        from nmt_cli import cpus
         from nmt_cli import translate as core
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
 
@@ -173,6 +175,7 @@ def register(app: typer.Typer) -> None:
             src = sys.stdin.buffer if from_stdin else stack.enter_context(open_input(source))
             prefixes = stack.enter_context(open_input(prefix, "prefix file")) if prefix is not None else None
             core.set_threads(threads)
+            sampler = cpus.start() if threads is None else None  # the free cores, sampled while the model loads
             translator = core.Translator.load(
                 models, average_last=average_last, device=device.value, precision=precision.value,
                 warn=core.Warner(warning_line), note=note_line, beam=beam, lenpen=lenpen, lenpen_form=lenpen_form.value,
@@ -182,6 +185,11 @@ def register(app: typer.Typer) -> None:
                 alignment=print_alignment.value if print_alignment is not None else None,
                 alignment_layer=alignment_layer, replace_unk=replace_unk,
             )
+            if sampler is not None and translator.device.type == "cpu":
+                choice = sampler.threads()
+                core.set_threads(choice.threads)
+                if choice.threads < cpus.core_count():
+                    note_line(f"threads: {choice.reason} (--threads N to choose)")
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
             try:
                 core.translate_stream(translator, src, sink, prefixes=prefixes)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nmt_cli import cpus
 from nmt_cli.data import corpora, readers, sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
 from nmt_cli.data.corpora import Progress
@@ -442,7 +443,7 @@ def _build(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path,
     """Steps 2-4 into OUT (which exists)."""
     (out / MANIFEST).unlink(missing_ok=True)  # untrusted until this run finishes
     stamps = _Stamps(out, opts.force)
-    workers = opts.workers or os.cpu_count() or 1
+    workers = opts.workers or cpus.default_threads().threads
     reused: list[str] = []
     a, b = plan.file_langs
 

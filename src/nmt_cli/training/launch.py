@@ -19,7 +19,7 @@ from nmt_cli.training.runtime import free_port, setup_process, shutdown_process,
 def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
                 progress: Progress | None = None) -> TrainResult:
     """Set up this process (device, threads, process group), train, tear down."""
-    rt = setup_process(plan.launch, rank, local_rank, plan.cfg.threads, init_method)
+    rt = setup_process(plan.launch, rank, local_rank, plan.threads, init_method)
     try:
         return Trainer(agree_on_resume(plan, rt), rt, progress).fit()
     finally:

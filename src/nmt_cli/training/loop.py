@@ -410,7 +410,7 @@ class Trainer:
             "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
             "save_minutes": plan.save_minutes, "resumed_at": self.step if plan.resume_from else None,
             "stale_tmp_removed": self._stale[0], "stale_tmp_bytes": self._stale[1],
-            "out_dir": str(self.out_dir),
+            "out_dir": str(self.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
         }
 
     def _eta(self, seconds_per_update: float) -> float | None:

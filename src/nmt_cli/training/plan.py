@@ -49,6 +49,8 @@ class RunPlan:
     init_from: str | None  # a checkpoint file whose weights start the run (fine-tuning), when not resuming
     has_valid: bool
     mean_tgt_tokens: float  # real target tokens per micro-batch, on average
+    threads: int | None = None  # torch threads per process (None: torch's own default, on GPUs)
+    threads_reason: str = ""  # how `threads` was chosen, for the run's header
 
     @property
     def out_dir(self) -> Path:

@@ -228,10 +228,7 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
         avoid_cudnn_attention()
     else:
         device = torch.device("cpu")
-    if threads is None and launch.device_type == "cpu":
-        local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", launch.world_size if not launch.external else 1))
-        threads = max(1, (os.cpu_count() or 1) // max(1, local_procs))
-    if threads is not None:
+    if threads is not None:  # plan.py chose it (cpus.py); None: torch's default (GPUs)
         torch.set_num_threads(threads)
     host_group = None
     if launch.distributed:
