@@ -40,11 +40,12 @@ def train(data: Path, threads: str | None, steps: int) -> tuple[float, str]:
     out = WORK / "run"
     shutil.rmtree(out, ignore_errors=True)
     extra = [] if threads is None else ["--threads", threads]
-    r = run(["train", str(data), "-o", str(out), "--preset", "tiny", "--max-steps", str(steps), "--no-resume",
-             "--save-every", str(steps), "--valid-every", str(steps), "--precision", "fp32", *extra])
-    end = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if '"end"' in line][-1]
-    chose = re.search(r"threads: ([^\n]*)", r.stderr)
-    return end["step"] / end["elapsed"], chose.group(1) if chose else ""
+    run(["train", str(data), "-o", str(out), "--preset", "tiny", "--max-steps", str(steps), "--no-resume",
+         "--save-every", str(steps), "--valid-every", str(steps), "--precision", "fp32", *extra])
+    events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    start = [e for e in events if e["kind"] == "start"][-1]
+    end = [e for e in events if e["kind"] == "end"][-1]
+    return end["step"] / end["elapsed"], start.get("threads_reason", "")
 
 
 def translate(model: Path, lines: Path, threads: str | None) -> tuple[float, str]:

@@ -431,6 +431,135 @@ def test_ranks_without_the_checkpoint_rank_0_resumes_from_stop_the_run(toy_data_
     assert not (nodes[1] / "run").exists()
 
 
+def _children(pid: int) -> list[tuple[int, str, dict]]:
+    """(pid, command line, environment) of the processes whose parent is `pid` (Linux /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = open(f"/proc/{entry}/status").read()
+            if f"\nPPid:\t{pid}\n" not in status:
+                continue
+            cmd = open(f"/proc/{entry}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            env = dict(kv.split("=", 1) for kv in open(f"/proc/{entry}/environ", "rb").read().decode(
+                errors="replace").split("\0") if "=" in kv)
+        except OSError:
+            continue
+        out.append((int(entry), cmd, env))
+    return out
+
+
+def _wait_for(predicate, seconds: float, what: str) -> None:
+    deadline = time.time() + seconds
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _updates(run) -> int:
+    metrics = run / "metrics.jsonl"
+    if not metrics.exists():
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if '"train"' in line]
+    return max(steps, default=0)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
+def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(toy_data_dir, tmp_path):
+    """Rank 1 stopped with SIGSTOP: within --dist-timeout (here 6 s) rank 0 ends the run, exit 1, one line naming
+    rank 1, instead of waiting for the process group's timeout."""
+    run = tmp_path / "run"
+    args = _cli_args(toy_data_dir, run, "--max-steps", "100000", "--cpu-procs", "2", "--threads", "1",
+                     "--dist-timeout", "0.1", "--log-every", "1")
+    proc = subprocess.Popen([sys.executable, "-m", "nmt_cli.cli", *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    child = None
+    try:
+        _wait_for(lambda: _updates(run) >= 3, 120, "3 updates")
+        child = next(pid for pid, cmd, _ in _children(proc.pid) if "spawn_main" in cmd)
+        os.kill(child, signal.SIGSTOP)
+        stopped_at = time.time()
+        _, err = proc.communicate(timeout=120)
+        waited = time.time() - stopped_at
+    finally:
+        if child is not None:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+    assert proc.returncode == 1, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "rank 1 of 2 has not answered" in errors[0], err
+    assert "Traceback" not in err and waited < 60
+
+
+def test_a_rank_that_dies_is_named_in_one_line_by_the_survivor(toy_data_dir, tmp_path):
+    """Two processes started as torchrun starts them (env://, rank 0 holds the store); rank 0 killed with SIGKILL:
+    rank 1's collective fails, and it says in one line that rank 0 went away, not with a gloo traceback."""
+    from nmt_cli.training.runtime import free_port
+
+    port = str(free_port())
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        args = _cli_args(toy_data_dir, tmp_path / "run", "--max-steps", "100000", "--gpus", "0", "--threads", "1",
+                         "--log-every", "1")
+        procs.append(subprocess.Popen([sys.executable, "-m", "nmt_cli.cli", *map(str, args)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        _wait_for(lambda: _updates(tmp_path / "run") >= 3, 120, "3 updates")
+        procs[0].kill()
+        _, err = procs[1].communicate(timeout=120)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == 1, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "rank 1: rank 0 of 2 ended or stopped answering" in errors[0], err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
+def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights(toy_data_dir, tmp_path):
+    """torchrun --nproc-per-node 2 --max-restarts 2; rank 0 killed with SIGKILL after the checkpoint at update 20:
+    torchrun restarts both ranks, the run resumes at update 20 and ends at 60 with the weights of an uninterrupted
+    run (CPU, fp32: deterministic). torchrun names the dead rank itself and stops the other with SIGTERM at once:
+    no traceback."""
+    from nmt_cli.training.runtime import free_port
+
+    def torchrun(run, port):
+        args = _cli_args(toy_data_dir, run, "--max-steps", "60", "--save-every", "20", "--threads", "1",
+                         "--log-every", "1", "--gpus", "0")
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "nmt_cli.cli",
+               *map(str, args)]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    straight = torchrun(tmp_path / "straight", free_port())
+    _, err = straight.communicate(timeout=600)
+    assert straight.returncode == 0, err
+    run = tmp_path / "killed"
+    proc = torchrun(run, free_port())
+    try:
+        _wait_for(lambda: (run / "checkpoint_20.pt").exists() and _updates(run) >= 22, 300, "update 22")
+        rank0 = next(pid for pid, _, env in _children(proc.pid) if env.get("RANK") == "0")
+        os.kill(rank0, signal.SIGKILL)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "resuming" in err and "at update 20" in err, err
+    assert "Traceback" not in err and "exitcode: -9" in err, err
+    a, b = load(tmp_path / "straight" / "checkpoint_last.pt"), load(run / "checkpoint_last.pt")
+    assert a.train_state["step"] == b.train_state["step"] == 60
+    assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+
+
 # ---- the command line -----------------------------------------------------------------------------------------
 
 def _cli_args(data_dir, run, *extra):

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-WINDOW_S = 0.3  # long enough to see a busy neighbour (scheduler ticks are 1-10 ms), short against any command
+WINDOW_S = 0.2  # long enough to see a busy neighbour (scheduler ticks are 1-10 ms), short against any command
 BUSY_FROM = 0.5  # a core busier than this with other work counts as taken
 
 

@@ -155,6 +155,10 @@ def register(app: typer.Typer) -> None:
                                     show_default="the free cores / processes",
                                     help="Torch threads per process (default: the cores not busy with other "
                                          "work when the run starts, shared by its processes)."),
+        dist_timeout: float = typer.Option(
+            5.0, "--dist-timeout", min=0.01, metavar="MINUTES", rich_help_panel=_MACHINE,
+            help="With several processes: when one stops answering (dead, stopped, hung node) for this long, the "
+                 "others end the run with one line naming it (torchrun --max-restarts then restarts it)."),
         log_every: int = typer.Option(100, "--log-every", min=1, metavar="N", rich_help_panel=_MACHINE,
                                       help="Updates between log lines."),
     ) -> None:
@@ -177,7 +181,7 @@ def register(app: typer.Typer) -> None:
             save_every=save_every, save_every_minutes=save_every_minutes, keep_last=keep_last,
             average_last=average_last, resume=resume, valid_every=valid_every, valid_bleu=valid_bleu,
             valid_beam=valid_beam, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
-            compile=compile, seed=seed, log_every=log_every,
+            compile=compile, seed=seed, log_every=log_every, dist_timeout=dist_timeout,
         )
         display = Display(live=sys.stderr.isatty(), log_every=log_every)
         try:

@@ -69,7 +69,8 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     gpus: int | None = None  # None: 1 GPU when CUDA is available, else CPU
     cpu_procs: int = 1  # processes on CPU (gloo), e.g. 2 to test distributed code without GPUs
-    threads: int | None = None  # torch threads per process; None: cores / processes
+    threads: int | None = None  # torch threads per process; None: the free cores / processes (cpus.py)
+    dist_timeout: float = 5.0  # minutes a rank may stop answering before the others end the run (watchdog.py)
     compile: bool = False
     seed: int = 1
     log_every: int = 100  # updates between metric log lines
@@ -88,7 +89,8 @@ class TrainConfig:
             except ValueError as exc:
                 raise ConfigError(f"--update-freq must be a positive integer or 'auto', got {self.update_freq!r}") from exc
         positive = ("lr", "warmup", "max_tokens", "update_tokens", "max_steps", "max_epochs", "max_time", "patience",
-                    "save_every", "save_every_minutes", "keep_last", "average_last", "valid_every", "threads")
+                    "save_every", "save_every_minutes", "keep_last", "average_last", "valid_every", "threads",
+                    "dist_timeout")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 
-from nmt_cli.errors import TrainingError
+from nmt_cli.errors import NmtError, TrainingError
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.loop import Progress, Trainer, TrainResult
 from nmt_cli.training.plan import RunPlan, agree_on_resume, plan_run, write_run_config
@@ -17,22 +17,43 @@ from nmt_cli.training.runtime import free_port, setup_process, shutdown_process,
 
 
 def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
-                progress: Progress | None = None) -> TrainResult:
-    """Set up this process (device, threads, process group), train, tear down."""
-    rt = setup_process(plan.launch, rank, local_rank, plan.threads, init_method)
+                progress: Progress | None = None, on_stall=None) -> TrainResult:
+    """Set up this process (device, threads, process group), train, tear down. A collective that fails because
+    another rank is gone becomes one line naming it (watchdog.py)."""
+    rt = setup_process(plan.launch, rank, local_rank, plan.threads, init_method, plan.cfg.dist_timeout * 60,
+                       on_stall)
+    finished = False
     try:
-        return Trainer(agree_on_resume(plan, rt), rt, progress).fit()
+        result = Trainer(agree_on_resume(plan, rt), rt, progress).fit()
+        finished = True
+        return result
+    except RuntimeError as exc:  # gloo/NCCL: "Connection reset by peer", a timeout...
+        if rt.watchdog is None or isinstance(exc, NmtError):
+            raise
+        gone = rt.watchdog.stopped()
+        who = ", ".join(f"rank {r}" for r in gone) if gone else "another rank"
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise PeerLostError(f"rank {rank}: {who} of {rt.world_size} ended or stopped answering during a collective "
+                            f"({first}); the checkpoints are intact: run the same command to resume, or let torchrun "
+                            "--max-restarts restart it") from exc
     finally:
-        shutdown_process(rt)
+        shutdown_process(rt, finished)
 
 
 _AGREED_ERROR = 3  # a spawned rank's exit code for an error that rank 0 raises and reports too
+
+
+class PeerLostError(TrainingError):
+    """Another rank of the run is gone (each rank says so: the one that would have reported may be the dead one)."""
 
 
 def _child_main(plan: RunPlan, rank: int, init_method: str) -> None:
     """Entry point of ranks 1..N-1 started by `train` (spawned processes)."""
     try:
         run_process(plan, rank, rank, init_method)
+    except PeerLostError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
     except TrainingError:
         sys.exit(_AGREED_ERROR)  # rank 0 reports the same error (every rank agrees on the loss)
     except Exception as exc:  # noqa: BLE001 - report in one line, the parent says which rank failed
@@ -77,8 +98,13 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
         p.start()
     done = threading.Event()
     threading.Thread(target=_watch_children, args=(procs, done), daemon=True).start()
+    def kill_children() -> None:  # rank 0's watchdog ends the run: a stopped child would stay forever
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
     try:
-        result = run_process(plan, 0, 0, init_method, progress)
+        result = run_process(plan, 0, 0, init_method, progress, on_stall=kill_children)
     except BaseException:
         done.set()
         for p in procs:

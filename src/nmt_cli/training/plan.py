@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from nmt_cli import __version__
+from nmt_cli import __version__, cpus
 from nmt_cli.checkpoint import atomic_write, load
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data.batching import make_batches
@@ -105,7 +105,25 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
         init_from=init_from, has_valid="valid" in manifest["splits"],
         mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
+        **_threads(cfg, launch, env),
     )
+
+
+def _threads(cfg: TrainConfig, launch: Launch, env) -> dict:
+    """Torch threads per process on CPU: --threads, or the free cores shared by this machine's processes
+    (cpus.py). Under torchrun the ranks start together and would see each other's start-up as load: there each
+    takes cores / local processes."""
+    if cfg.threads is not None:
+        return {"threads": cfg.threads, "threads_reason": f"--threads {cfg.threads}"}
+    if launch.device_type != "cpu":
+        return {}
+    if env is not None:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        cores = cpus.core_count()
+        n = max(1, cores // max(1, local))
+        return {"threads": n, "threads_reason": f"torchrun: {cores} cores / {local} local processes: {n}"}
+    choice = cpus.default_threads(launch.world_size)
+    return {"threads": choice.threads, "threads_reason": choice.reason}
 
 
 def _gpu_memory(launch: Launch) -> int | None:

@@ -128,6 +128,7 @@ class Runtime:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     host_group: object = None  # process group for host values (None: the default group, gloo on CPU)
+    watchdog: object = None  # training/watchdog.py's Watchdog in a multi-process run
 
     @property
     def world_size(self) -> int:
@@ -216,8 +217,9 @@ class Runtime:
 
 
 def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | None,
-                  init_method: str | None = None) -> Runtime:
-    """Pin this process's device and threads and join the process group (world_size > 1)."""
+                  init_method: str | None = None, dist_timeout_s: float = 300.0, on_stall=None) -> Runtime:
+    """Pin this process's device and threads and join the process group (world_size > 1), with a watchdog that
+    ends the run when another rank stops answering for `dist_timeout_s` (watchdog.py)."""
     if launch.device_type == "cuda":
         from nmt_cli.model import avoid_cudnn_attention
 
@@ -237,9 +239,16 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
                                     world_size=launch.world_size, timeout=datetime.timedelta(minutes=30))
         if dist.get_backend() != "gloo":  # NCCL: host numbers go over a gloo group, never through the GPU
             host_group = dist.new_group(backend="gloo")
-    return Runtime(launch, rank, local_rank, device, host_group)
+    watchdog = None
+    if launch.distributed:
+        from nmt_cli.training.watchdog import Watchdog
+
+        watchdog = Watchdog(rank, launch.world_size, dist_timeout_s, on_stall)
+    return Runtime(launch, rank, local_rank, device, host_group, watchdog)
 
 
-def shutdown_process(runtime: Runtime) -> None:
+def shutdown_process(runtime: Runtime, finished: bool = True) -> None:
+    if runtime.watchdog is not None:
+        runtime.watchdog.done() if finished else runtime.watchdog.close()
     if runtime.distributed and dist.is_initialized():
         dist.destroy_process_group()
