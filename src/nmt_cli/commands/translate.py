@@ -185,12 +185,12 @@ def register(app: typer.Typer) -> None:
                 alignment=print_alignment.value if print_alignment is not None else None,
                 alignment_layer=alignment_layer, replace_unk=replace_unk,
             )
+            sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
             if sampler is not None and translator.device.type == "cpu":
                 choice = sampler.threads()
                 core.set_threads(choice.threads)
                 if choice.threads < cpus.core_count():
                     note_line(f"threads: {choice.reason} (--threads N to choose)")
-            sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
             try:
                 core.translate_stream(translator, src, sink, prefixes=prefixes)
             except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other Unix tools do
