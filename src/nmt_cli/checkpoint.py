@@ -66,7 +66,9 @@ class Checkpoint:
 
     def tokenizer_key(self) -> tuple:
         """What makes two checkpoints' tokenizers the same (without loading sentencepiece)."""
-        return self.tokenizer, self.target_tokenizer, None if self.vocab is None else tuple(self.vocab)
+        from nmt_cli.data.tokenizer import tokenizer_key
+
+        return tokenizer_key(self.tokenizer, self.target_tokenizer, self.vocab)
 
 
 def to_dict(ckpt: Checkpoint) -> dict[str, Any]:

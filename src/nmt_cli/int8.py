@@ -80,5 +80,5 @@ def quantize_int8(model: nn.Module) -> nn.Module:
             for name, child in list(module.named_children()):
                 if type(child) is nn.Linear:
                     setattr(module, name, Int8Linear(child.weight, child.bias))
-        model.output_layer = Int8Linear(output_weight, getattr(model, "output_bias", None))
+        model.output_layer = Int8Linear(output_weight, model.output_bias)
     return model

@@ -153,10 +153,6 @@ class _Weights:
         self.out[f"{dst}.weight"] = self.take(f"{src}.weight")[self.inv]
         self.out[f"{dst}.bias"] = self.take(f"{src}.bias")[self.inv]
 
-    def plain(self, dst: str, src: str) -> None:  # fc1 reads (columns), its output is not the residual stream
-        self.out[f"{dst}.weight"] = self.take(f"{src}.weight")[:, self.inv]
-        self.out[f"{dst}.bias"] = self.take(f"{src}.bias")
-
     def norm(self, dst: str, src: str) -> None:
         self.out[f"{dst}.weight"] = self.take(f"{src}.weight")[self.inv]
         self.out[f"{dst}.bias"] = self.take(f"{src}.bias")[self.inv]
@@ -176,7 +172,7 @@ def _cross_attention(w: _Weights, mine: str, theirs: str) -> None:
 
 
 def _feed_forward(w: _Weights, mine: str, theirs: str, norm: str) -> None:
-    w.plain(f"{mine}.ffn.fc1", f"{theirs}.fc1")
+    w.reads(f"{mine}.ffn.fc1", f"{theirs}.fc1")
     w.writes(f"{mine}.ffn.fc2", f"{theirs}.fc2")
     w.norm(f"{mine}.{norm}.norm", f"{theirs}.final_layer_norm")
 

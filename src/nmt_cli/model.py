@@ -252,8 +252,8 @@ class Transformer(nn.Module):
             self.tgt_embed = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
             self.out_proj = nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.register_buffer("positions", sinusoidal_positions(c.max_positions, c.d_model), persistent=False)
-        if c.output_bias:  # fixed, like MarianMT's final_logits_bias: saved with the weights, never trained
-            self.register_buffer("output_bias", torch.zeros(c.vocab_size))
+        # fixed, like MarianMT's final_logits_bias: saved with the weights, never trained (None: no bias, not saved)
+        self.register_buffer("output_bias", torch.zeros(c.vocab_size) if c.output_bias else None)
         self.embed_scale = math.sqrt(c.d_model)
         self.dropout = nn.Dropout(c.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.encoder_layers))
@@ -355,7 +355,7 @@ class Transformer(nn.Module):
         if self.output_layer is not None:
             return self.output_layer.forward(x)
         weight = self.out_proj.weight if hasattr(self, "out_proj") else self.embed.weight
-        return F.linear(x, weight, getattr(self, "output_bias", None))
+        return F.linear(x, weight, self.output_bias)
 
     def forward(self, src: Tensor, tgt: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         """Teacher-forced logits [B, T, V] for source [B, S] and shifted target input [B, T]."""

@@ -3,7 +3,7 @@ naming either on the hub. `nmt translate -m`, `nmt export`, `nmt push`, `nmt imp
 `nmt prepare --tokenizer-from` and `Translator.load` all take their models through `load`.
 
 A MarianMT model is converted (marian.py) once and the result cached as an nmt checkpoint under $NMT_CACHE
-(default ~/.cache/nmt)/converted/: a hub model by repository and commit (`ORG--NAME/<commit>.pt`), a local folder
+(default ~/.cache/nmt)/converted/: a hub model by repository and commit (`ORG--NAME/<commit>-v1.pt`), a local folder
 by the sha256 of its files. The second use reads the cached checkpoint.
 """
 
@@ -24,9 +24,11 @@ def cache_root() -> Path:
     return Path(os.environ.get("NMT_CACHE") or Path.home() / ".cache" / "nmt")
 
 
-def load(model: str | os.PathLike, note: hub.Note | None = None) -> tuple[ckpt_io.Checkpoint, dict]:
+def load(model: str | os.PathLike, note: hub.Note | None = None, digest: bool = False,
+         ) -> tuple[ckpt_io.Checkpoint, dict]:
     """The checkpoint a model argument names, and where it came from: path or hub commit, `path` (the local file
-    read: the checkpoint, or a MarianMT model's converted one, also under `converted`) and its sha256."""
+    read: the checkpoint, or a MarianMT model's converted one, also under `converted`) and, with `digest` (exports
+    record it), its sha256: a read of the whole file that translating does not need."""
     if hub.is_hub_ref(model):
         pulled = hub.pull(hub.HubRef.parse(str(model)), note)
         origin = {"hub": pulled.ref.repo, "file": pulled.ref.filename, "commit": pulled.commit}
@@ -43,13 +45,15 @@ def load(model: str | os.PathLike, note: hub.Note | None = None) -> tuple[ckpt_i
             origin = {"marian": str(path), "format": "marian"}
         key = key or Path("local") / f"{_folder_digest(path)}-v{CONVERTER_VERSION}.pt"
         ckpt, cached = converted(path, cache_root() / "converted" / key, note)
-        origin.update(converted=str(cached), path=str(cached), sha256=hub.sha256(cached))
-        return ckpt, origin
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory but not a MarianMT model (no config.json with model_type "
-                              "marian); pass a checkpoint file such as {path}/checkpoint_best.pt")
-    ckpt = ckpt_io.load(path)
-    origin.update(path=str(path), sha256=hub.sha256(path))
+        origin.update(converted=str(cached), path=str(cached))
+    else:
+        if path.is_dir():
+            raise CheckpointError(f"{path} is a directory but not a MarianMT model (no config.json with model_type "
+                                  f"marian); pass a checkpoint file such as {path}/checkpoint_best.pt")
+        ckpt = ckpt_io.load(path)
+        origin["path"] = str(path)
+    if digest:
+        origin["sha256"] = hub.sha256(Path(origin["path"]))
     return ckpt, origin
 
 

@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         from nmt_cli.export import require
 
         require("ctranslate2", "nmt export ctranslate2")
-        ckpt, origin = pretrained.load(model, note_line)
+        ckpt, origin = pretrained.load(model, note_line, digest=True)
         card = card_info(license_id, training_data, scores)
         core.export(ckpt, output, quantization.value if quantization else None, card, origin, replace=force)
         kind = f"CTranslate2, {quantization.value}" if quantization else "CTranslate2, float32"
@@ -127,7 +127,7 @@ def register(app: typer.Typer) -> None:
 
         require("transformers", "nmt export huggingface")
         quiet_transformers()
-        ckpt, origin = pretrained.load(model, note_line)
+        ckpt, origin = pretrained.load(model, note_line, digest=True)
         core.export(ckpt, output, card_info(license_id, training_data, scores), origin, replace=force)
         typer.echo(f"exported {model} (sha256 {origin['sha256'][:12]}) -> {output}/ (Hugging Face MarianMTModel); "
                    f"see {output}/README.md", err=True)

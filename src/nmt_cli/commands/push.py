@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
             require("transformers", "nmt push --huggingface")
             quiet_transformers()
         hub_token = None if dry_run is not None else hub.token()  # no token: refuse before any work
-        ckpt, origin = pretrained.load(model, note_line)
+        ckpt, origin = pretrained.load(model, note_line, digest=True)
         card = card_info(license_id, training_data, scores)
         kwargs = dict(card=card, ctranslate2=ctranslate2, huggingface=huggingface,
                       quantization=quantization.value if quantization else None, source=origin)

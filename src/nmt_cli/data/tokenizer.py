@@ -82,7 +82,7 @@ class Tokenizer:
 
     def key(self) -> tuple:
         """What makes two tokenizers the same (checkpoints to average, ensemble or resume)."""
-        return self.model_bytes, self.target_bytes, None if self.vocab is None else tuple(self.vocab)
+        return tokenizer_key(self.model_bytes, self.target_bytes, self.vocab)
 
     @property
     def vocab_size(self) -> int:
@@ -113,6 +113,11 @@ class Tokenizer:
 
     def pieces(self, line: str, side: str = "source") -> list[str]:
         return [self.piece(i, side) for i in self.encode([line], side=side)[0]]
+
+
+def tokenizer_key(model_bytes: bytes, target_bytes: bytes | None, vocab: Sequence[str] | None) -> tuple:
+    """A tokenizer's identity from its parts, without loading sentencepiece (Checkpoint.tokenizer_key)."""
+    return bytes(model_bytes), target_bytes, None if vocab is None else tuple(vocab)
 
 
 def _load(model_bytes: bytes) -> spm.SentencePieceProcessor:

@@ -71,7 +71,7 @@ def build_spec(ckpt: Checkpoint):
             embeddings.weight = _numpy(table)
             side.scale_embeddings = True  # sqrt(d_model), as nmt
             side.position_encodings.encodings = _numpy(model.positions)
-        _linear(spec.decoder.projection, out_proj, getattr(model, "output_bias", None))
+        _linear(spec.decoder.projection, out_proj, model.output_bias)
         for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers, strict=True):
             _attention(layer_spec.self_attention, layer.self_attn)
             _layer_norm(layer_spec.self_attention.layer_norm, layer.sub1.norm)

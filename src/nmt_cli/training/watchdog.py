@@ -41,7 +41,6 @@ class Watchdog:
         self.prefix = f"nmt/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
         self._stop = threading.Event()
         self._seen: dict[int, tuple[int, float]] = {}  # rank -> (counter, when it last moved: our monotonic clock)
-        self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         if self.store is not None and world_size > 1:
             self._beat()
@@ -67,16 +66,15 @@ class Watchdog:
     def _update(self, now: float) -> list[int]:
         """Record the counters that moved; -> the ranks silent for longer than the timeout."""
         silent = []
-        with self._lock:
-            for r, count in self._read().items():
-                if count is None:
-                    self._seen.pop(r, None)
-                    continue
-                last = self._seen.get(r)
-                if last is None or count != last[0]:
-                    self._seen[r] = (count, now)
-                elif now - last[1] > self.timeout_s:
-                    silent.append(r)
+        for r, count in self._read().items():
+            if count is None:
+                self._seen.pop(r, None)
+                continue
+            last = self._seen.get(r)
+            if last is None or count != last[0]:
+                self._seen[r] = (count, now)
+            elif now - last[1] > self.timeout_s:
+                silent.append(r)
         return silent
 
     def _run(self) -> None:
