@@ -4,6 +4,11 @@ default before the free cores were counted), beside 0, 1 and 2 busy processes.
 
     python bench/threads.py                       # tiny preset on the sample corpus, 2 rounds
     python bench/threads.py --rounds 3 --steps 200 --lines 400
+    python bench/threads.py --arrives 20 --steps 600   # training only: a neighbour arrives 20 s into each run
+
+With `--arrives S` every training run starts on an idle machine and a busy neighbour starts S seconds in, so the
+default's start-up choice (all cores) goes stale: it shows what counting the free cores again during the run
+(cpus.Watch, every cpus.RECHECK_S seconds) recovers against keeping the start-up choice (= `--threads N`).
 
 Each measurement is one `nmt` process (start-up and the thread choice included); configurations are alternated
 within each round and the load changes between rounds' blocks; a busy neighbour is `python -c "while True: pass"`.
@@ -36,16 +41,35 @@ def run(args: list[str], **kw) -> subprocess.CompletedProcess:
     return r
 
 
-def train(data: Path, threads: str | None, steps: int) -> tuple[float, str]:
+def train(data: Path, threads: str | None, steps: int, arrives: float | None = None) -> tuple[float, str]:
+    """updates/s of one run and how its threads were chosen (with `arrives`: a busy neighbour starts that many
+    seconds into the run, and the reason lists the changes the run made)."""
     out = WORK / "run"
     shutil.rmtree(out, ignore_errors=True)
     extra = [] if threads is None else ["--threads", threads]
-    run(["train", str(data), "-o", str(out), "--preset", "tiny", "--max-steps", str(steps), "--no-resume",
-         "--save-every", str(steps), "--valid-every", str(steps), "--precision", "fp32", *extra])
+    args = ["train", str(data), "-o", str(out), "--preset", "tiny", "--max-steps", str(steps), "--no-resume",
+            "--save-every", str(steps), "--valid-every", str(steps), "--precision", "fp32", *extra]
+    if arrives is None:
+        run(args)
+    else:
+        proc = subprocess.Popen(NMT + args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            proc.wait(timeout=arrives)
+        except subprocess.TimeoutExpired:
+            pass
+        neighbour = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            _, err = proc.communicate()
+        finally:
+            neighbour.kill()
+            neighbour.wait()
+        if proc.returncode:
+            sys.exit(f"failed: nmt {' '.join(args)}\n{err}")
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     start = [e for e in events if e["kind"] == "start"][-1]
     end = [e for e in events if e["kind"] == "end"][-1]
-    return end["step"] / end["elapsed"], start.get("threads_reason", "")
+    changes = [f"update {e['step']}: {e['threads']}" for e in events if e["kind"] == "threads"]
+    return end["step"] / end["elapsed"], "; ".join([start.get("threads_reason", ""), *changes])
 
 
 def translate(model: Path, lines: Path, threads: str | None) -> tuple[float, str]:
@@ -64,6 +88,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150, help="Training updates per measurement.")
     ap.add_argument("--lines", type=int, default=300, help="Lines translated per measurement.")
     ap.add_argument("--loads", default="0,1,2", help="Busy neighbour processes.")
+    ap.add_argument("--arrives", type=float, default=None, metavar="S",
+                    help="Training only, idle at the start: a busy neighbour arrives S seconds into each run.")
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in Path("/proc/cpuinfo").read_text()]
@@ -79,6 +105,9 @@ def main() -> None:
     lines = WORK / "lines.en"
     lines.write_text("".join((data / "raw" / "test.en").read_text().splitlines(True)[: args.lines]))
     configs = [None, "1", str(cores)]
+    if args.arrives is not None:
+        arrived(data, configs, args)
+        return
     results: dict[tuple, list] = {}
     for _ in range(args.rounds):
         for load in (int(x) for x in args.loads.split(",")):
@@ -107,6 +136,25 @@ def main() -> None:
                 name = "default" if t is None else f"--threads {t}"
                 chose = results[(task, load, t)][0][1] if t is None else ""
                 print(f"  {task:<9} {load} busy  {name:<12} {best[t]:8.2f}  {best[t] / fixed:5.2f}x  {chose}")
+
+
+def arrived(data: Path, configs: list, args) -> None:
+    """Every configuration alternated, each run idle at its start with a neighbour arriving `args.arrives` s in."""
+    results: dict = {}
+    for _ in range(args.rounds):
+        for threads in configs:
+            time.sleep(1.0)  # the last run's neighbour is gone before the next run counts the free cores
+            value, chose = train(data, threads, args.steps, args.arrives)
+            results.setdefault(threads, []).append(value)
+            name = "default" if threads is None else f"--threads {threads}"
+            print(f"  arrives {args.arrives:g}s  train  {name:<12} {value:8.2f}  {chose}", flush=True)
+    print(f"load average after: {os.getloadavg()}")
+    print(f"\nbest of rounds (train: updates/s, tiny preset, fp32, {args.steps} updates; a busy neighbour arrives "
+          f"{args.arrives:g} s in); ratio to the best fixed count:")
+    fixed = max(max(results[t]) for t in configs if t is not None)
+    for t in configs:
+        name = "default" if t is None else f"--threads {t}"
+        print(f"  train  {name:<12} {max(results[t]):8.2f}  {max(results[t]) / fixed:5.2f}x")
 
 
 if __name__ == "__main__":

@@ -55,3 +55,20 @@ def test_a_busy_neighbour_is_seen_and_our_own_work_is_not():
     while time.perf_counter() < end:  # this process is busy during the window: not another process's load
         pass
     assert sampler.others_busy() < idle + 0.5
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists() or cpus.core_count() < 2, reason="Linux, 2+ cores")
+def test_a_long_run_counts_again_when_a_neighbour_arrives():
+    """cpus.Watch: no look before it is due; once due, a busy neighbour that arrived takes a core from the count."""
+    watch = cpus.Watch(every_s=0.4)
+    assert watch.poll(current=99) is None  # not due yet
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.6)
+        choice = watch.poll(current=99)  # due; 99 threads is never the choice
+        assert choice is not None and choice.threads < len(watch.cpus), choice
+        assert "busy" in choice.reason
+        assert watch.poll(current=98) is None  # just looked: not due again yet
+    finally:
+        spinner.kill()
+        spinner.wait()

@@ -9,11 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from helpers_train import poison_loss
+from nmt_cli import cpus
 from nmt_cli.checkpoint import load
 from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
@@ -691,3 +693,23 @@ def test_tiny_model_learns_the_sample_corpus_in_seconds(sample_data_dir, tmp_pat
     first, last = result.history[0], result.history[-1]
     assert last["loss"] < 0.7 * first["loss"]
     assert result.valid["valid_ppl"] < 0.1 * 400  # far below uniform over the vocabulary
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists() or cpus.core_count() < 2, reason="Linux, 2+ cores")
+def test_a_run_started_idle_drops_a_thread_when_a_neighbour_arrives(toy_data_dir, tmp_path, monkeypatch):
+    """Automatic threads are counted again during the run (cpus.Watch): a run that chose 2 threads on an idle
+    machine goes down to 1 once a busy neighbour takes a core, and says so in metrics.jsonl."""
+    monkeypatch.setattr(cpus, "RECHECK_S", 0.3)
+    monkeypatch.setattr(cpus, "default_threads", lambda procs=1: cpus.ThreadChoice(2, "2 cores, 0 busy: 2 threads"))
+    before = torch.get_num_threads()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        train(small_cfg(toy_data_dir, tmp_path / "run", threads=None, max_steps=60))
+    finally:
+        spinner.kill()
+        spinner.wait()
+        torch.set_num_threads(before)
+    events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [e for e in events if e["kind"] == "start"][0]["threads"] == 2
+    changes = [e for e in events if e["kind"] == "threads"]
+    assert changes and changes[0]["threads"] == 1 and "busy" in changes[0]["reason"], changes

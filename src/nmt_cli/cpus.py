@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 WINDOW_S = 0.2  # long enough to see a busy neighbour (scheduler ticks are 1-10 ms), short against any command
 BUSY_FROM = 0.5  # a core busier than this with other work counts as taken
+RECHECK_S = 15.0  # a long training run counts the free cores again this often (Watch); a look costs one read
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,27 @@ def core_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _snapshot(cpus: set[int]) -> tuple[float, float, float] | None:
+    """(busy, total) ticks of the CPUs `cpus` and this process's own ticks, now; None without /proc/stat."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            busy, total = _cpu_times(f.read(), cpus)
+    except OSError:
+        return None
+    return busy, total, _own_ticks()
+
+
+def _others_busy(first, second, cores: int) -> float:
+    """Cores' worth of other processes' work between two snapshots."""
+    if first is None or second is None:
+        return 0.0
+    busy, total, own = (b - a for a, b in zip(first, second, strict=True))
+    if total <= 0:
+        return 0.0
+    # busy and total are summed over the CPUs: busy / total * cores = cores' worth of work done
+    return max(0.0, (busy - own) / total * cores)
+
+
 class Sampler:
     """Measures the other processes' load on this process's CPUs over WINDOW_S, from the moment it is made."""
 
@@ -76,27 +98,13 @@ class Sampler:
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
-    def _read(self) -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat", encoding="ascii") as f:
-                busy, total = _cpu_times(f.read(), self.cpus)
-        except OSError:
-            return None
-        return busy, total, _own_ticks()
-
     def _sample(self) -> None:
-        first = self._read()
+        first = _snapshot(self.cpus)
         if first is None:
             self._result = 0.0
             return
         time.sleep(self.window_s)
-        second = self._read()
-        busy, total, own = (b - a for a, b in zip(first, second, strict=True))
-        if total <= 0:
-            self._result = 0.0
-            return
-        # busy and total are summed over the CPUs: busy / total * cores = cores' worth of work done
-        self._result = max(0.0, (busy - own) / total * len(self.cpus))
+        self._result = _others_busy(first, _snapshot(self.cpus), len(self.cpus))
 
     def others_busy(self) -> float:
         """Cores' worth of other processes' work during the window (waits for the window to end)."""
@@ -121,3 +129,26 @@ def start() -> Sampler:
 def default_threads(procs: int = 1) -> ThreadChoice:
     """Threads for each of `procs` processes of this command on this machine, from the free cores."""
     return start().threads(procs)
+
+
+class Watch:
+    """For a long single-process run: the free cores counted again from the load since the last look, at most every
+    `every_s` seconds. The load of a shared machine changes during an hours-long run; a thread count chosen at the
+    start and never revisited loses 1.5-2.4x when a neighbour comes or goes (docs/results.md, "Threads on a busy
+    machine"). A look is one read of /proc/stat, no waiting: the window is the time since the last look."""
+
+    def __init__(self, every_s: float | None = None):
+        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(core_count()))
+        self.every_s = RECHECK_S if every_s is None else every_s
+        self._last, self._at = _snapshot(self.cpus), time.monotonic()
+
+    def poll(self, current: int) -> ThreadChoice | None:
+        """A new choice when it differs from `current` threads (and a look is due), else None."""
+        now = time.monotonic()
+        if now - self._at < self.every_s or self._last is None:
+            return None
+        snap = _snapshot(self.cpus)
+        others = _others_busy(self._last, snap, len(self.cpus))
+        self._last, self._at = snap, now
+        choice = choose(len(self.cpus), others)
+        return choice if choice.threads != current else None

@@ -154,7 +154,7 @@ def register(app: typer.Typer) -> None:
         threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
                                     show_default="the free cores / processes",
                                     help="Torch threads per process (default: the cores not busy with other "
-                                         "work when the run starts, shared by its processes)."),
+                                         "work, shared by its processes; one process counts again every 15 s)."),
         dist_timeout: float = typer.Option(
             5.0, "--dist-timeout", min=0.01, metavar="MINUTES", rich_help_panel=_MACHINE,
             help="With several processes: when one stops answering (dead, stopped, hung node) for this long, the "
@@ -252,6 +252,8 @@ class Display:
                 self.line(f"update {e['step']}: saved checkpoint_{e['step']}.pt and checkpoint_last.pt")
         elif kind == "overflow":
             self.line(f"update {e['step']}: fp16 gradient overflow, update skipped ({e['overflows']} so far)")
+        elif kind == "threads":
+            self.line(f"update {e['step']}: threads: {e['reason']} (the load changed)")
         elif kind == "averaged":
             self.line(f"averaged the last {e['n']} checkpoints -> {e['path']}")
         elif kind == "end":

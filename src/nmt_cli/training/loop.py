@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from nmt_cli import cpus
 from nmt_cli.checkpoint import Checkpoint, load, remove_stale_tmp, save
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
@@ -434,6 +435,7 @@ class Trainer:
         session_start = last_save = time.monotonic()
         elapsed_before = self.elapsed
         saved_at = validated_at = -1
+        watch = cpus.Watch() if plan.recheck_threads and rt.device.type == "cpu" else None
         with StopSignals() as signals:
             while self.step < plan.max_steps:
                 t0 = time.monotonic()
@@ -462,6 +464,11 @@ class Trainer:
                     metrics.write(record)
                     history.append(record)
                     last_window, window = window, Window()
+                if watch is not None and (choice := watch.poll(torch.get_num_threads())) is not None:
+                    torch.set_num_threads(choice.threads)  # a neighbour came or went (cpus.Watch)
+                    event = {"kind": "threads", "step": self.step, "threads": choice.threads, "reason": choice.reason}
+                    metrics.write(event)
+                    self._emit(event)
                 pace = window if window.updates else last_window  # a line right after a log shows the last window's
                 self._emit({"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
                             "elapsed": self.elapsed, "eta": self._eta(pace.seconds / max(pace.updates, 1)),

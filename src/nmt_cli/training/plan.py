@@ -51,6 +51,7 @@ class RunPlan:
     mean_tgt_tokens: float  # real target tokens per micro-batch, on average
     threads: int | None = None  # torch threads per process (None: torch's own default, on GPUs)
     threads_reason: str = ""  # how `threads` was chosen, for the run's header
+    recheck_threads: bool = False  # count the free cores again during the run (cpus.Watch): one automatic process
 
     @property
     def out_dir(self) -> Path:
@@ -123,7 +124,7 @@ def _threads(cfg: TrainConfig, launch: Launch, env) -> dict:
         n = max(1, cores // max(1, local))
         return {"threads": n, "threads_reason": f"torchrun: {cores} cores / {local} local processes: {n}"}
     choice = cpus.default_threads(launch.world_size)
-    return {"threads": choice.threads, "threads_reason": choice.reason}
+    return {"threads": choice.threads, "threads_reason": choice.reason, "recheck_threads": launch.world_size == 1}
 
 
 def _gpu_memory(launch: Launch) -> int | None:
