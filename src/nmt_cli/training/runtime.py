@@ -216,6 +216,20 @@ class Runtime:
             dist.barrier()
 
 
+def elastic_store(world_size: int, timeout: datetime.timedelta):
+    """Under torchrun with its agent's shared store: a client of that store with the restart count as a key prefix;
+    else None (env:// as usual). torchrun (c10d rendezvous) keeps one store server for every restart round, and
+    torch's env:// connects the new round's workers to it without a prefix, so they read the dead round's keys:
+    gloo dialled the old workers' addresses ("connectFullMesh ... Connection refused") or both ranks
+    waited for each other forever (2 of 4 restarts passed on a 2-core CPU; pytorch/pytorch#167288 is the same
+    symptom with NCCL). One prefix per round gives each round its own keys (docs/train.md, "Devices, precision and processes")."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
+        return None
+    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
+                           timeout=timeout)
+    return dist.PrefixStore(f"nmt/round_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+
+
 def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | None,
                   init_method: str | None = None, dist_timeout_s: float = 300.0, on_stall=None) -> Runtime:
     """Pin this process's device and threads and join the process group (world_size > 1), with a watchdog that
@@ -235,8 +249,14 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
     host_group = None
     if launch.distributed:
         if not dist.is_initialized():
-            dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
-                                    world_size=launch.world_size, timeout=datetime.timedelta(minutes=30))
+            timeout = datetime.timedelta(minutes=30)
+            store = elastic_store(launch.world_size, timeout) if init_method in (None, "env://") else None
+            if store is not None:
+                dist.init_process_group(launch.backend, store=store, rank=rank, world_size=launch.world_size,
+                                        timeout=timeout)
+            else:
+                dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
+                                        world_size=launch.world_size, timeout=timeout)
         if dist.get_backend() != "gloo":  # NCCL: host numbers go over a gloo group, never through the GPU
             host_group = dist.new_group(backend="gloo")
     watchdog = None
