@@ -19,6 +19,27 @@ def test_cli_reference_is_current():
     assert text == mod.render(), "run: python scripts/gen_cli_docs.py"
 
 
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("gen_cli_docs", ROOT / "scripts" / "gen_cli_docs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_cli_reference_covers_every_command():
+    import typer
+
+    from nmt_cli.cli import app
+
+    def names(group, prefix=""):
+        for name, cmd in getattr(group, "commands", {}).items():
+            if not cmd.hidden:
+                yield prefix + name
+                yield from names(cmd, prefix + name + " ")
+
+    assert sorted(_load_generator().COMMANDS) == sorted(names(typer.main.get_command(app)))
+
+
 def test_readme_starts_with_the_two_setup_commands():
     text = (ROOT / "README.md").read_text()
     first_block = text.split("```")[1]
