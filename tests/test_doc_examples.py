@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from helpers_translate import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
