@@ -1,4 +1,5 @@
-"""Checkpoints in Hugging Face hub model repositories, through huggingface_hub's own client and cache.
+"""Checkpoints in Hugging Face hub model repositories, through huggingface_hub's own client and cache (the offline
+rule and the error lines are hubclient.py's, shared with the corpus files of data/hub.py).
 
 Pull: a model argument `hf:ORG/NAME[/FILE][@REVISION]` (FILE defaults to checkpoint.pt, REVISION to main) is
 fetched with `hf_hub_download` into the hub cache (HF_HUB_CACHE, default ~/.cache/huggingface/hub) and loaded from
@@ -14,7 +15,6 @@ repository and uploads that folder in one commit with `HfApi`.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -23,18 +23,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt_cli import __version__
+from nmt_cli import __version__, hubclient
 from nmt_cli import checkpoint as ckpt_io
 from nmt_cli.errors import ConfigError, DownloadError
 
 PREFIX = "hf:"
 DEFAULT_FILE = "checkpoint.pt"
 CT2_FOLDER = "ctranslate2"
-REACH_TIMEOUT_S = 5.0
 Note = Callable[[str], None]
 _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_DISK_ERRORS = {errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT, errno.EPERM}
 
 
 def is_hub_ref(text: str | os.PathLike) -> bool:
@@ -79,29 +77,13 @@ class Pulled:
         return str(HubRef(self.ref.repo, self.ref.filename, self.commit))
 
 
-def cache_dir() -> Path:
-    from huggingface_hub import constants
-
-    return Path(constants.HF_HUB_CACHE)
-
-
-def hub_reachable() -> bool:
-    """Whether the hub answers within REACH_TIMEOUT_S, asked through huggingface_hub's own HTTP session (its
-    proxies and endpoint apply), so that an offline machine is not kept waiting by the client's retries."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import get_session
-
-    try:
-        get_session().head(constants.ENDPOINT, timeout=REACH_TIMEOUT_S)
-        return True
-    except Exception:  # noqa: BLE001 (requests and httpx raise different connection errors)
-        return False
+cache_dir = hubclient.cache_dir
+hub_reachable = hubclient.reachable
 
 
 def pull(ref: HubRef, note: Note | None = None) -> Pulled:
     """The local path of `ref`'s file: from the cache, or downloaded into it (see the module doc)."""
     import huggingface_hub as hf
-    from huggingface_hub import constants
     from huggingface_hub.utils import EntryNotFoundError, LocalEntryNotFoundError
 
     if ref.revision and _COMMIT.match(ref.revision):  # a commit never changes: a cached file is final
@@ -110,8 +92,8 @@ def pull(ref: HubRef, note: Note | None = None) -> Pulled:
             if note is not None:
                 note(f"{ref} -> the cached commit (no network needed)")
             return Pulled(ref, Path(cached), ref.revision, offline=True)
-    offline = bool(constants.HF_HUB_OFFLINE) or not hub_reachable()
-    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"{constants.ENDPOINT} cannot be reached"
+    why = hubclient.offline_reason()
+    offline = why is not None
     try:
         with _download_errors(ref, why):
             path = Path(hf.hf_hub_download(ref.repo, ref.filename, revision=ref.revision, local_files_only=offline,
@@ -134,43 +116,13 @@ def pull(ref: HubRef, note: Note | None = None) -> Pulled:
 
 
 @contextmanager
-def _download_errors(ref: HubRef, why: str):
-    """huggingface_hub's failures as one-line DownloadErrors saying what to do (the client's error the cause)."""
-    from huggingface_hub import constants
-    from huggingface_hub.utils import (
-        EntryNotFoundError,
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
+def _download_errors(ref: HubRef, why: str | None):
+    """huggingface_hub's failures as one-line DownloadErrors (hubclient.error; the client's error the cause)."""
     try:
         yield
-    except LocalEntryNotFoundError as exc:
-        raise DownloadError(f"{ref} is not in the hub cache ({cache_dir()}) and {why}; download it once while "
-                            "online (or set HF_HUB_CACHE to a cache that holds it), or pass a local checkpoint "
-                            "file") from exc
-    except GatedRepoError as exc:
-        raise DownloadError(f"{ref}: the repository is gated; accept its terms on the hub and log in "
-                            "(`hf auth login` or HF_TOKEN)") from exc
-    except RepositoryNotFoundError as exc:
-        raise DownloadError(f"{ref}: no hub model repository {ref.repo} (or it is private: log in with "
-                            "`hf auth login` or set HF_TOKEN)") from exc
-    except RevisionNotFoundError as exc:
-        raise DownloadError(f"{ref}: {ref.repo} has no revision {ref.revision!r}; give an existing branch, tag or "
-                            "commit") from exc
-    except EntryNotFoundError as exc:
-        raise DownloadError(f"{ref}: {ref.repo} has no file {ref.filename} at {ref.revision or 'main'}; name the "
-                            f"checkpoint file: hf:{ref.repo}/FILE.pt") from exc
     except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno in _DISK_ERRORS:
-            raise DownloadError(f"{ref}: cannot write the hub cache {cache_dir()}: {exc.strerror or exc}; free "
-                                "space or set HF_HUB_CACHE to a writable directory") from exc
-        if _is_connection_error(exc):  # the connection broke after the hub answered
-            raise DownloadError(f"{ref}: the download from {constants.ENDPOINT} failed ({exc}); run the same "
-                                "command again (a partial download resumes)") from exc
-        raise
+        target = hubclient.Target(ref.repo, ref.filename, ref.revision, label=str(ref))
+        raise hubclient.error(exc, target, "download", "pass a local checkpoint file", why) from exc
 
 
 def _pull_marian(ref: HubRef, offline: bool, why: str) -> Path | None:
@@ -199,12 +151,6 @@ def _pull_marian(ref: HubRef, offline: bool, why: str) -> Path | None:
         folder = hf.snapshot_download(ref.repo, revision=ref.revision, allow_patterns=files,
                                       local_files_only=offline, library_name="nmt", library_version=__version__)
     return Path(folder)
-
-
-def _is_connection_error(exc: Exception) -> bool:
-    """requests raises OSErrors, httpx (huggingface_hub >= 1) its own ConnectError, ReadTimeout, NetworkError..."""
-    name = type(exc).__name__.lower()
-    return isinstance(exc, OSError) or any(word in name for word in ("connect", "timeout", "network", "protocol"))
 
 
 def resolve(model: str | os.PathLike, note: Note | None = None) -> Path:
@@ -342,7 +288,7 @@ def upload(folder: Path, repo_id: str, private: bool = False, message: str | Non
             status, "check the repository name and your access")
         raise DownloadError(f"pushing to {repo_id} failed ({str(exc).splitlines()[0][:160]}); {hint}") from exc
     except Exception as exc:
-        if _is_connection_error(exc):
+        if hubclient.is_network_error(exc):
             raise DownloadError(f"pushing to {repo_id} failed: the hub cannot be reached ({exc}); check the "
                                 "network (HTTPS_PROXY) and push again") from exc
         raise

@@ -1,12 +1,13 @@
-"""Pinned corpus files from the Hugging Face hub, through huggingface_hub's own client and cache.
+"""Pinned corpus files from Hugging Face hub dataset repositories, through huggingface_hub's own client and cache
+(the offline rule and the error lines are hubclient.py's, shared with hub model repositories).
 
 `fetch(files)` returns the local paths of a `HubFiles` (a dataset repository, a pinned revision, file names):
 
 - A cached file is used only after it has been checked: the hub's cache names each blob by its content hash
   (sha256 for LFS files, the git blob sha1 for small ones), so a file whose bytes changed is caught offline.
   A corrupt file is removed (blob and snapshot link, so the hub cannot link it again) and, online, downloaded again.
-- Before the first byte is downloaded, every check that can fail runs: the cache directory is writable, the hub
-  answers through its own HTTP client (so HTTPS_PROXY/HTTP_PROXY/NO_PROXY apply as they do to the hub), it lists
+- Before the first byte is downloaded, every check that can fail runs: the cache directory is writable, nmt is
+  not offline (hubclient.offline_reason), the hub answers through its own HTTP client (so HTTPS_PROXY/HTTP_PROXY/NO_PROXY apply as they do to the hub), it lists
   every file (size and sha256) at the revision, and the cache's disk has room for them.
 - A downloaded file is checked against the sha256 the hub listed, and removed when it differs.
 - Every failure is one `DownloadError` line naming the repository, revision and file and saying what to do.
@@ -16,12 +17,10 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -29,7 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nmt_cli import hubclient
 from nmt_cli.errors import DownloadError
+from nmt_cli.hubclient import tail as _tail
 
 Progress = Callable[[str, int, "int | None"], None]  # (stage, done, total)
 Warn = Callable[[str], None]
@@ -55,16 +56,14 @@ class HubFiles:
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """The hub cache nmt reads and writes: `cache_dir`, else HF_HUB_CACHE (default HF_HOME/hub)."""
-    from huggingface_hub import constants
-
-    return Path(cache_dir) if cache_dir else Path(constants.HF_HUB_CACHE)
+    return hubclient.cache_dir(cache_dir)
 
 
 def fetch(hub: HubFiles, cache_dir=None, progress: Progress | None = None, warn: Warn | None = None,
           hint: str = "") -> dict[str, list[Path]]:
     """{split: local paths} of `hub`'s files: checked cached files, the rest downloaded (see the module doc).
     `hint` ends every error line (how to pass local files instead)."""
-    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub import try_to_load_from_cache
 
     root = cache_root(cache_dir)
     local: dict[str, Path] = {}
@@ -86,8 +85,10 @@ def fetch(hub: HubFiles, cache_dir=None, progress: Progress | None = None, warn:
             corrupt[name] = problem
             missing.append(name)
     if missing:
-        if constants.HF_HUB_OFFLINE:
-            raise DownloadError(_offline_message(hub, missing, corrupt, root, hint))
+        _check_writable(hub, root, hint)
+        why = hubclient.offline_reason()
+        if why is not None:
+            raise DownloadError(_offline_message(hub, missing, corrupt, root, hint, why))
         for name, problem in corrupt.items():
             if warn:
                 warn(f"the cached {name} of {hub.where} was corrupt ({problem}); it was removed and is downloaded "
@@ -163,10 +164,7 @@ def _evict(path: Path) -> None:
 # ------------------------------------------------------------------------------------------ pre-flight
 
 
-def _preflight(hub: HubFiles, missing: list[str], root: Path, hint: str) -> tuple[dict[str, int], dict[str, str]]:
-    """Every check that can fail, before any download: cache writable, the hub's listing (through its own HTTP
-    client, so proxies apply), every file present at the revision, disk room. Returns ({name: size}, {name:
-    sha256})."""
+def _check_writable(hub: HubFiles, root: Path, hint: str) -> None:
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=root):
@@ -175,6 +173,13 @@ def _preflight(hub: HubFiles, missing: list[str], root: Path, hint: str) -> tupl
         raise DownloadError(f"cannot download {hub.where}: the Hugging Face cache {root} is not writable "
                             f"({exc.strerror or exc}); set HF_HUB_CACHE (or HF_HOME) to a writable "
                             f"directory{_tail(hint)}") from None
+
+
+def _preflight(hub: HubFiles, missing: list[str], root: Path, hint: str) -> tuple[dict[str, int], dict[str, str]]:
+    """Every check that can fail, before any download: cache writable, the hub's listing (through its own HTTP
+    client, so proxies apply), every file present at the revision, disk room. Returns ({name: size}, {name:
+    sha256})."""
+    _check_writable(hub, root, hint)
     infos = _list(hub, missing, hint)
     absent = [n for n in missing if n not in infos]
     if absent:
@@ -216,7 +221,7 @@ def _list(hub: HubFiles, names: list[str], hint: str) -> dict:
     thread.start()
     thread.join(LIST_TIMEOUT_S)
     if thread.is_alive():
-        raise DownloadError(f"cannot list {hub.where}: {_endpoint()} gave no answer within {LIST_TIMEOUT_S:.0f} s; "
+        raise DownloadError(f"cannot list {hub.where}: {hubclient.endpoint()} gave no answer within {LIST_TIMEOUT_S:.0f} s; "
                             f"check the network or the proxy (HTTPS_PROXY){_tail(hint)}")
     if "error" in box:
         raise hub_error(box["error"], hub, names[0], "list", hint) from box["error"]
@@ -229,16 +234,6 @@ def _blob_dir(hub: HubFiles, root: Path) -> Path:
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def _endpoint() -> str:
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
-def _tail(hint: str) -> str:
-    return f"; or {hint}" if hint else ""
 
 
 # ------------------------------------------------------------------------------------------ download
@@ -288,60 +283,15 @@ def _poll(blobs: Path, label: str, size: int | None, progress: Progress, stop: t
 
 
 def hub_error(exc: BaseException, hub: HubFiles, name: str, action: str, hint: str = "") -> DownloadError:
-    """One line for any failure of the hub client: what failed (repository, revision, file) and what to do."""
-    from huggingface_hub import utils as hu
-
-    what = f"{name} of {hub.repo} at revision {hub.revision[:8]}"
-    status = getattr(getattr(exc, "response", None), "status_code", None)
-    detail = _first_line(exc)
-    if isinstance(exc, hu.OfflineModeIsEnabled):
-        msg = f"cannot {action} {what}: HF_HUB_OFFLINE is set; unset it to download"
-    elif isinstance(exc, hu.RevisionNotFoundError):
-        msg = f"the hub has no revision {hub.revision[:8]} of {hub.repo} (HTTP {status}); please report it"
-    elif isinstance(exc, hu.EntryNotFoundError):
-        msg = f"the hub has no {name} in {hub.repo} at revision {hub.revision[:8]} (HTTP {status}); please report it"
-    elif isinstance(exc, hu.GatedRepoError) or status in (401, 403):
-        msg = (f"the hub refused access to {what} (HTTP {status}): log in (`hf auth login` or HF_TOKEN) with an "
-               "account that may read it")
-    elif isinstance(exc, hu.RepositoryNotFoundError) or status == 404:
-        msg = (f"the hub says {hub.repo} does not exist or needs a login (HTTP {status}) while fetching {name}: "
-               "check HF_ENDPOINT, or log in (`hf auth login` or HF_TOKEN)")
-    elif status == 429:
-        msg = (f"the hub rate-limited the requests for {what} (HTTP 429): wait a few minutes and run again "
-               "(finished files stay cached), or log in (HF_TOKEN) for a higher limit")
-    elif status is not None:
-        msg = f"the hub answered HTTP {status} for {what} ({detail}): try again later (finished files stay cached)"
-    elif isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        msg = (f"the disk is full while downloading {what}; free some space or set HF_HUB_CACHE to a disk with "
-               "room, then run again (the download resumes)")
-    elif isinstance(exc, OSError) and exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
-        msg = f"cannot write {what} into the cache ({exc.strerror}); set HF_HUB_CACHE to a writable directory"
-    elif _is_network_error(exc):
-        msg = (f"cannot reach {_endpoint()} to {action} {what} ({detail}); check the network or the proxy "
-               "(HTTPS_PROXY/HTTP_PROXY), then run again")
-    else:
-        msg = f"{action} {what} failed ({type(exc).__name__}: {detail})"
-    return DownloadError(msg + _tail(hint))
+    """One line for any failure of the hub client (hubclient.error): repository, revision, file, what to do."""
+    return hubclient.error(exc, hubclient.Target(hub.repo, name, hub.revision, pinned=True), action, hint)
 
 
-def _is_network_error(exc: BaseException) -> bool:
-    """A connection/timeout error of requests (huggingface_hub < 1) or httpx (>= 1), or a plain socket error."""
-    names = {c.__name__ for c in type(exc).__mro__}
-    return bool(names & {"ConnectionError", "ConnectError", "Timeout", "TimeoutException", "ProxyError",
-                         "NetworkError", "RemoteProtocolError", "ConnectTimeout", "ReadTimeout"}) or \
-        isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror))
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    line = text[0] if text else type(exc).__name__
-    return line if len(line) <= 160 else line[:157] + "..."
-
-
-def _offline_message(hub: HubFiles, missing: list[str], corrupt: dict[str, str], root: Path, hint: str) -> str:
+def _offline_message(hub: HubFiles, missing: list[str], corrupt: dict[str, str], root: Path, hint: str,
+                     why: str) -> str:
     if corrupt:
         name, problem = next(iter(corrupt.items()))
-        return (f"the cached {name} of {hub.where} was corrupt ({problem}) and was removed; HF_HUB_OFFLINE is set, "
-                f"so it cannot be downloaded again: unset HF_HUB_OFFLINE and run again{_tail(hint)}")
-    return (f"cannot download {len(missing)} files of {hub.where} (first: {missing[0]}): HF_HUB_OFFLINE is set and "
-            f"they are not in the cache {root}; unset HF_HUB_OFFLINE to download them{_tail(hint)}")
+        return (f"the cached {name} of {hub.where} was corrupt ({problem}) and was removed; {why}, so it cannot be "
+                f"downloaded again: run again online{_tail(hint)}")
+    return (f"cannot download {len(missing)} files of {hub.where} (first: {missing[0]}): {why} and they are not in "
+            f"the cache {root}{_tail(hint)}")
