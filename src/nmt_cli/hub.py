@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt_cli import __version__, hubclient
+from nmt_cli import __version__, defaults, hubclient
 from nmt_cli import checkpoint as ckpt_io
 from nmt_cli.errors import ConfigError, DownloadError
 
@@ -248,7 +248,7 @@ to pin a commit: `hf:{repo_id}@<commit>`."""]
 from transformers import MarianMTModel, MarianTokenizer
 tokenizer, model = MarianTokenizer.from_pretrained("{repo_id}"), MarianMTModel.from_pretrained("{repo_id}")
 batch = tokenizer(["A man is riding a bike."], return_tensors="pt", padding=True)
-print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))
+print(tokenizer.batch_decode(model.generate(**batch, num_beams={defaults.BEAM}), skip_special_tokens=True))
 ```""")
     if ctranslate2:
         parts.append(f"""## Use with CTranslate2
@@ -258,7 +258,7 @@ import ctranslate2, sentencepiece
 from huggingface_hub import snapshot_download
 model = snapshot_download("{repo_id}", allow_patterns=["{CT2_FOLDER}/*"]) + "/{CT2_FOLDER}"
 sp, translator = sentencepiece.SentencePieceProcessor(model_file=model + "/sentencepiece.model"), ctranslate2.Translator(model)
-print(sp.decode(translator.translate_batch([sp.encode("A man is riding a bike.", out_type=str)], beam_size=4, length_penalty=0.6)[0].hypotheses[0]))
+print(sp.decode(translator.translate_batch([sp.encode("A man is riding a bike.", out_type=str)], beam_size={defaults.BEAM}, length_penalty={defaults.LENPEN})[0].hypotheses[0]))
 ```""")
     return "\n\n".join(parts)
 

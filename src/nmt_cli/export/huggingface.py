@@ -222,7 +222,7 @@ def usage(folder: str) -> str:
 from transformers import MarianMTModel, MarianTokenizer
 tokenizer, model = MarianTokenizer.from_pretrained("{folder}"), MarianMTModel.from_pretrained("{folder}")
 batch = tokenizer(["A man is riding a bike."], return_tensors="pt", padding=True)
-print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))
+print(tokenizer.batch_decode(model.generate(**batch, num_beams={defaults.BEAM}), skip_special_tokens=True))
 ```
 
 With transformers 4.x the `translation` pipeline works too (transformers 5 removed that pipeline):
