@@ -9,7 +9,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "nmt_cli"
 INFERENCE = ["nmt_cli.translate", "nmt_cli.decoding", "nmt_cli.search", "nmt_cli.model", "nmt_cli.ensemble",
              "nmt_cli.export", "nmt_cli.int8", "nmt_cli.alignment", "nmt_cli.marian", "nmt_cli.pretrained",
-             "nmt_cli.hub", "nmt_cli.checkpoint", "nmt_cli.averaging", "nmt_cli.precision",
+             "nmt_cli.hub_models", "nmt_cli.checkpoint", "nmt_cli.averaging", "nmt_cli.precision",
              "nmt_cli.commands.translate"]
 
 

@@ -1,5 +1,5 @@
-"""The one wrapper around huggingface_hub's client, for model repositories (hub.py: `hf:` models, `nmt push`) and
-corpus files (data/hub.py: `nmt prepare NAME`): where the cache is, the one offline rule, and the one mapping of
+"""The one wrapper around huggingface_hub's client, for model repositories (hub_models.py: `hf:` models, `nmt push`) and
+corpus files (data/hub_corpora.py: `nmt prepare NAME`): where the cache is, the one offline rule, and the one mapping of
 the client's failures to a `DownloadError` line that names what failed and says what to do.
 
 The offline rule: nmt is offline when HF_HUB_OFFLINE is set or when the hub does not answer within

@@ -21,8 +21,9 @@ from typing import BinaryIO, NamedTuple
 
 import torch
 
-from nmt_cli import averaging, defaults, hub, marian, pretrained
+from nmt_cli import averaging, defaults, marian, pretrained
 from nmt_cli import checkpoint as ckpt_io
+from nmt_cli import hub_models as hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig, decode_batches

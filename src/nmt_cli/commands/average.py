@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         last: int = typer.Option(None, "--last", min=1, metavar="N",
                                  help="Average the newest N checkpoint_<step>.pt of the run directory given."),
     ) -> None:
-        from nmt_cli import hub
+        from nmt_cli import hub_models as hub
         from nmt_cli.averaging import average_checkpoints, last_checkpoints
         from nmt_cli.checkpoint import save
         from nmt_cli.commands.messages import note_line, usage_error

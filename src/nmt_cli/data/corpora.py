@@ -1,4 +1,4 @@
-"""Named corpora (the registry) and where their files come from: the Hugging Face hub (`hub.py`), local files,
+"""Named corpora (the registry) and where their files come from: the Hugging Face hub (`hub_corpora.py`), local files,
 the embedded sample. The readers of sentence pairs are in `readers.py`.
 
 Each hub corpus is pinned to a commit of a public dataset repository whose file layout was checked against the
@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt_cli.data import hub as hub_
-from nmt_cli.data.hub import HubFiles
+from nmt_cli.data import hub_corpora as hub_
+from nmt_cli.data.hub_corpora import HubFiles
 from nmt_cli.data.readers import PairSource, TableSource, TextPairSource, pyarrow_parquet
 from nmt_cli.errors import ConfigError, DataError
 
