@@ -7,7 +7,7 @@ Translates the file with the checkpoint in fp32, then again with every linear la
 projection) replaced by torch's dynamic int8 quantization (int8 weights per tensor, activations quantized per
 call; fbgemm kernels, VNNI where the CPU has it), alternating the two, and prints sentences/s, sacreBLEU and how
 many lines are identical. This is a measurement, not a feature: `torch.ao.quantization.quantize_dynamic` is
-deprecated (it warns that it will be removed), so nmt does not ship it. Results are in docs/results.md.
+deprecated (it warns that it will be removed), so nmt does not ship it. Results are in docs/results-history.md#same-run-comparisons-on-machine-c-third-session.
 """
 
 from __future__ import annotations

@@ -250,7 +250,7 @@ def test_unreachable_hub_fails_at_once(tmp_path):
     r = nmt("prepare", "wmt14-en-fr", "-o", tmp_path / "o",
             env=env_for(tmp_path / "hub", tmp_path, offline=False, HF_ENDPOINT="http://127.0.0.1:9"))
     line = error_line(r)
-    assert "cannot reach http://127.0.0.1:9" in line and "HTTPS_PROXY" in line and "fr-en/" in line
+    assert "http://127.0.0.1:9 cannot be reached" in line and "HTTPS_PROXY" in line and "fr-en/" in line
 
 
 def test_file_missing_on_the_hub_is_named(tmp_path):

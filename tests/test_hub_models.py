@@ -168,8 +168,8 @@ def test_push_then_pull_through_the_real_client(tmp_path, toy_tokenizer_bytes):
         r = run_nmt("translate", "-m", "hf:my-org/pushed", "--max-len-b", "5", env=env)
         assert r.returncode == 0, r.stderr
         assert r.stdout == local_translation(path) and f"commit {oid} from the hub" in r.stderr
-        for ref, expected in (("hf:my-org/pushed/missing.pt", "has no file missing.pt"),
-                              ("hf:my-org/nope", "no hub model repository my-org/nope")):
+        for ref, expected in (("hf:my-org/pushed/missing.pt", "the hub has no missing.pt in my-org/pushed"),
+                              ("hf:my-org/nope", "the hub says my-org/nope does not exist or needs a login")):
             r = run_nmt("translate", "-m", ref, env=env)
             lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
             assert r.returncode == 1 and len(lines) == 1 and expected in lines[0], r.stderr

@@ -12,8 +12,7 @@ import torch
 
 from conftest import toy_pairs
 from helpers_translate import make_checkpoint
-from nmt_cli import checkpoint
-from nmt_cli import translate as translate_module
+from nmt_cli import checkpoint, precision
 from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import (
@@ -170,7 +169,7 @@ def test_bf16_and_device_errors(ckpt_path, monkeypatch):
     tr = Translator(load_checkpoints([ckpt_path]), "cpu", "bf16", TranslateConfig(search=FAST))
     assert len(tr.translate(["the cat", "old man"])) == 2
     for native in (True, False):  # bf16 on a CPU without native bf16 works, with one warning that it is slow
-        monkeypatch.setattr(translate_module, "cpu_has_fast_bf16", lambda native=native: native)
+        monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda native=native: native)
         said = []
         Translator(load_checkpoints([ckpt_path]), "cpu", "bf16", TranslateConfig(search=FAST),
                    Warner(said.append))

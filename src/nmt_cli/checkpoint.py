@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import pickle
 import re
-import tempfile
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -28,6 +27,8 @@ from typing import Any
 import torch
 
 from nmt_cli import __version__
+from nmt_cli.atomic import atomic_write as _atomic_write
+from nmt_cli.atomic import remove_stale_tmp  # noqa: F401 (kept importable from here)
 from nmt_cli.config import ModelConfig
 from nmt_cli.errors import CheckpointError
 
@@ -92,48 +93,10 @@ def to_dict(ckpt: Checkpoint) -> dict[str, Any]:
     return out
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def atomic_write(path: str | os.PathLike, write_fn) -> None:
-    """Call write_fn(fileobj) on a temporary file beside `path`, fsync it, then os.replace it into place.
-
-    A crash, a full disk or Ctrl-C at any moment leaves either the old file or the new one, never half of one.
-    The file gets the permissions of any new file (0666 less the umask), not mkstemp's 0600. A write that fails
-    (disk full, read-only or unwritable directory) is a CheckpointError of one line.
-    """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise _write_error(path, exc) from exc
-    try:
-        os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "wb") as f:
-            write_fn(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        if isinstance(exc, OSError):
-            raise _write_error(path, exc) from exc
-        raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+    """atomic.atomic_write (a crash leaves the old file or the new one); a failed write is a CheckpointError of one
+    line."""
+    _atomic_write(path, write_fn, _write_error)
 
 
 def _write_error(path: Path, exc: OSError) -> CheckpointError:
@@ -141,18 +104,6 @@ def _write_error(path: Path, exc: OSError) -> CheckpointError:
     kept = f"{path.name} keeps its previous content" if path.exists() else f"{path.name} was not written"
     return CheckpointError(f"cannot write {path}: {what}; {kept}. Free disk space or make {path.parent} writable, "
                            "then run the same command again")
-
-
-def remove_stale_tmp(directory: str | os.PathLike) -> tuple[int, int]:
-    """Delete the temporary files a killed atomic_write left in `directory` (NAME.XXXX.tmp beside NAME):
-    -> (files, bytes) removed. Call it only where no other process writes."""
-    files = size = 0
-    for p in Path(directory).glob("*.*.tmp"):
-        if p.is_file():
-            size += p.stat().st_size
-            p.unlink(missing_ok=True)
-            files += 1
-    return files, size
 
 
 def save(ckpt: Checkpoint, path: str | os.PathLike) -> None:

@@ -7,7 +7,8 @@ layer norms, softmax and the search stay float32. The products are FBGEMM's, thr
 VNNI multiply-add unsigned x signed bytes into saturating 16-bit sums, and 7 bits keep those sums exact.
 
 Measured on the small Multi30k model's shapes, 2 threads, AVX2 CPU, 100-400 rows (a decoding step's): the output
-projection's product 1.9-2.4x and the feed-forward ones 1.5-1.6x faster than float32 (docs/results.md).
+projection's product 1.9-2.4x and the feed-forward ones 1.5-1.6x faster than float32
+(docs/results-history.md#faster-cpu-decoding-int8-against-ctranslate2-again-machine-d-sixth-session).
 
 This is an inference-only transformation: an int8 model is never trained or saved.
 """

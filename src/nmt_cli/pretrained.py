@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 
 from nmt_cli import checkpoint as ckpt_io
-from nmt_cli import hub, marian
+from nmt_cli import hub_models as hub
+from nmt_cli import marian
 from nmt_cli.errors import CheckpointError
 
 CONVERTER_VERSION = 1  # part of every cache key: a fixed converter never reuses an older conversion

@@ -21,23 +21,20 @@ from typing import BinaryIO, NamedTuple
 
 import torch
 
+from nmt_cli import averaging, defaults, marian, pretrained
 from nmt_cli import checkpoint as ckpt_io
-from nmt_cli import hub, marian, pretrained
+from nmt_cli import hub_models as hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig, decode_batches
 from nmt_cli.ensemble import Ensemble
-from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError
+from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.lines import iter_lines
-from nmt_cli.training import checkpoints as training_ckpts
-from nmt_cli.training.runtime import cpu_has_fast_bf16, gpu_has_native_bf16
+from nmt_cli.precision import DEVICES, resolve_device, resolve_dtype, slow_bf16_warning  # noqa: F401 (API)
 
-DEVICES = ("auto", "cpu", "cuda")
-# int8: float32 model whose linear layers and output projection run as int8 products (int8.py; CPU only).
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.float32}
 # Batch size by padded source tokens when not given: on CPU, batches that keep the [beam x rows, vocabulary]
-# step tensors small are faster (bench/translate.py, small model, 1 thread: 2000 ~ 1000 > 6000 by ~20%).
-DEFAULT_MAX_TOKENS = {"cpu": 2000, "cuda": 6000}
+# step tensors small are faster. Defined in defaults.py, which `nmt translate --help` shows too.
+DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS_PER_DEVICE
 
 
 @dataclass
@@ -124,43 +121,19 @@ class Warner:
                 self.emit(f"{n - 1} more line(s) {kind}")
 
 
-# ---------------------------------------------------------------------------------------------------- devices
-
-
-def resolve_device(name: str) -> torch.device:
-    """auto -> cuda when available, else cpu; an unavailable cuda is a DeviceError."""
-    if name not in DEVICES:
-        raise DeviceError(f"unknown device {name!r}; choose one of {', '.join(DEVICES)}")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise DeviceError("--device cuda was requested but no CUDA GPU is available; use --device cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    if precision not in PRECISIONS:
-        raise DeviceError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp16" and device.type == "cpu":
-        raise DeviceError("fp16 is for GPUs; on CPU use --precision bf16 (fast on CPUs with AMX/AVX512-BF16) or fp32")
-    if precision == "int8" and device.type != "cpu":
-        raise DeviceError("--precision int8 is for CPUs; on a GPU use --precision fp16 or bf16")
-    return PRECISIONS[precision]
-
-
 # ---------------------------------------------------------------------------------------------------- models
 
 
 def last_checkpoints(directory: Path, n: int) -> list[Path]:
     """The `n` newest checkpoint_<step>.pt of a run directory; CheckpointError when it holds fewer."""
-    found = training_ckpts.last_checkpoints(directory, n)
+    found = averaging.last_checkpoints(directory, n)
     if len(found) < n:
         raise CheckpointError(f"{directory}: --average-last {n} needs {n} checkpoint_<step>.pt files, found "
                               f"{len(found)}; lower N or pass a checkpoint file")
     return found
 
 
-average_checkpoints = training_ckpts.average_checkpoints
+average_checkpoints = averaging.average_checkpoints
 
 
 def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None,
@@ -213,8 +186,9 @@ class Translator:
              device: str = "auto", precision: str = "fp32", warn: Warner | None = None,
              note: hub.Note | None = None, **options) -> Translator:
         """Load a checkpoint file, an `hf:ORG/NAME[@REVISION]` hub reference or a run directory (with
-        `average_last`), or a list of them (an ensemble). `options` are `nmt translate`'s option names:
-        beam=4, lenpen=0.6, lenpen_form="gnmt", stop="beam", max_len_a=1.0, max_len_b=50, nbest=1, max_tokens, ...
+        `average_last`), or a list of them (an ensemble). `options` are `nmt translate`'s option names, with
+        SearchConfig's defaults (beam, lenpen, lenpen_form, stop, max_len_a, max_len_b, nbest, ...) and
+        DEFAULT_MAX_TOKENS for max_tokens.
         """
         models = [model] if isinstance(model, (str, Path)) else list(model)
         config = TranslateConfig.from_options(**options)
@@ -230,15 +204,11 @@ class Translator:
             avoid_cudnn_attention()
         self.config = (config or TranslateConfig()).validate()
         if self.config.max_tokens is None:
-            self.config = dataclasses.replace(self.config, max_tokens=DEFAULT_MAX_TOKENS.get(self.device.type, 6000))
+            self.config = dataclasses.replace(self.config, max_tokens=DEFAULT_MAX_TOKENS[self.device.type])
         self.warn = warn or Warner()
-        if self.dtype == torch.bfloat16 and self.device.type == "cpu" and not cpu_has_fast_bf16():
-            self.warn("slow bf16", "this CPU has no native bf16 (AMX or AVX512-BF16): bf16 runs slower than fp32 "
-                                   "here (about 4x for matrix products); use --precision fp32")
-        if self.dtype == torch.bfloat16 and self.device.type == "cuda" and not gpu_has_native_bf16(
-                self.device.index or 0):
-            self.warn("slow bf16", "this GPU has no native bf16 (compute capability below 8.0): bf16 is emulated "
-                                   "and slow here; use --precision fp16")
+        slow = slow_bf16_warning(self.dtype, self.device)
+        if slow is not None:
+            self.warn("slow bf16", slow)
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
         if precision == "int8":

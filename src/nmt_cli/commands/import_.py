@@ -32,7 +32,8 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., metavar="MODEL", help="MarianMT folder or hf:ORG/NAME[@REVISION]."),
         output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="The nmt checkpoint to write."),
     ) -> None:
-        from nmt_cli import hub, marian, pretrained
+        from nmt_cli import hub_models as hub
+        from nmt_cli import marian, pretrained
         from nmt_cli.checkpoint import save
         from nmt_cli.commands.messages import note_line, usage_error
 

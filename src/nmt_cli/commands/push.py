@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli import hub, pretrained
+        from nmt_cli import hub_models as hub
+        from nmt_cli import pretrained
         from nmt_cli.export import require
 
         repo_id = hub.check_repo_id(repo_id)

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import typer
 
+from nmt_cli import defaults
 from nmt_cli.commands.helpformat import Command
+from nmt_cli.precision import TrainPrecision
 
 _SUMMARY = "Train a Transformer on a prepared data directory"
 _HELP = (
@@ -46,11 +48,7 @@ class Preset(str, Enum):
     big = "big"
 
 
-class Precision(str, Enum):
-    auto = "auto"
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
+Precision = TrainPrecision  # the choices of --precision, from the one table (nmt_cli/precision.py)
 
 
 def _update_freq(value: str) -> str:
@@ -105,7 +103,7 @@ def register(app: typer.Typer) -> None:
                                         show_default="at every checkpoint", help="Validate every N updates."),
         valid_bleu: bool = typer.Option(False, "--valid-bleu", rich_help_panel=_VALID,
                                         help="Also compute validation BLEU (beam search); best = highest BLEU."),
-        valid_beam: int = typer.Option(4, "--valid-beam", min=1, metavar="N", rich_help_panel=_VALID,
+        valid_beam: int = typer.Option(defaults.BEAM, "--valid-beam", min=1, metavar="N", rich_help_panel=_VALID,
                                        help="Beam size for --valid-bleu."),
         lr: float = typer.Option(None, "--lr", min=0.0, metavar="LR", rich_help_panel=_RECIPE,
                                  show_default="d_model^-0.5 * warmup^-0.5", help="Peak learning rate."),
@@ -279,7 +277,7 @@ class Display:
                   f"process(es) = at most {e['max_tokens_per_update']} padded tokens, ~{e['tgt_tokens_per_update']:.0f} "
                   f"target tokens per update ({e['batches_per_epoch']} batches/epoch, "
                   f"{100 * e['padding_efficiency']:.0f}% non-pad)")
-        if e["device"] == "cuda" and e["max_tokens"] < 6000:
+        if e["device"] == "cuda" and e["max_tokens"] < defaults.MAX_TOKENS_PER_DEVICE["cuda"]:
             self.line(f"note: micro-batches of {e['max_tokens']} tokens keep a large GPU waiting for kernel launches "
                       "(an H200 took 31 ms per 3125-token update of base and of big alike); docs/train.md says how "
                       "to use larger ones")

@@ -10,14 +10,17 @@ from pathlib import Path
 
 import typer
 
+from nmt_cli import defaults
 from nmt_cli.commands.helpformat import Command
 from nmt_cli.lines import open_input
+from nmt_cli.precision import TranslatePrecision
 
 _SUMMARY = "Translate text, one sentence a line, with a checkpoint"
 _HELP = (
     "Translate raw text, one sentence a line, with a checkpoint (its tokenizer encodes and detokenizes), from "
     "INPUT or stdin to stdout or -o FILE.\n\n"
-    "Batched beam search (beam 4, GNMT length penalty alpha 0.6, max length = source + 50 by default); input is "
+    f"Batched beam search (beam {defaults.BEAM}, GNMT length penalty alpha {defaults.LENPEN}, max length = source + "
+    f"{defaults.MAX_LEN_B} by default); input is "
     "read and written chunk by chunk, so output appears early and memory stays bounded. Several -m ensemble "
     "(average of log-probabilities); a run directory with --average-last N averages its last N checkpoints."
 )
@@ -43,11 +46,7 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-class Precision(str, Enum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
-    int8 = "int8"
+Precision = TranslatePrecision  # the choices of --precision, from the one table (nmt_cli/precision.py)
 
 
 class LengthPenalty(str, Enum):
@@ -79,22 +78,24 @@ def register(app: typer.Typer) -> None:
         average_last: int = typer.Option(
             None, "--average-last", min=1, metavar="N", help="Average the last N checkpoints of each -m run directory."
         ),
-        beam: int = typer.Option(4, "-b", "--beam", min=1, metavar="N", rich_help_panel=_SEARCH,
+        beam: int = typer.Option(defaults.BEAM, "-b", "--beam", min=1, metavar="N", rich_help_panel=_SEARCH,
                                  help="Beam size; 1 is greedy search."),
-        lenpen: float = typer.Option(0.6, "--lenpen", "--alpha", min=0.0, metavar="ALPHA", rich_help_panel=_SEARCH,
+        lenpen: float = typer.Option(defaults.LENPEN, "--lenpen", "--alpha", min=0.0, metavar="ALPHA",
+                                     rich_help_panel=_SEARCH,
                                      help="Length penalty exponent."),
         lenpen_form: LengthPenalty = typer.Option(
-            LengthPenalty.gnmt, "--lenpen-form", rich_help_panel=_SEARCH,
+            LengthPenalty(defaults.LENPEN_FORM), "--lenpen-form", rich_help_panel=_SEARCH,
             help="gnmt: ((5+len)/6)^alpha, the paper's; fairseq: len^alpha, as fairseq, CTranslate2 and Hugging Face."
         ),
         stop: Stop = typer.Option(
-            Stop.beam, "--stop", rich_help_panel=_SEARCH,
+            Stop(defaults.STOP), "--stop", rich_help_panel=_SEARCH,
             help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq, CTranslate2); top: once "
                  "the best-ranked candidate has ended (OpenNMT-py; fewer steps).",
         ),
-        max_len_a: float = typer.Option(1.0, "--max-len-a", min=0.0, metavar="A", rich_help_panel=_SEARCH,
+        max_len_a: float = typer.Option(defaults.MAX_LEN_A, "--max-len-a", min=0.0, metavar="A",
+                                        rich_help_panel=_SEARCH,
                                         help="Max output tokens = A * source tokens + B."),
-        max_len_b: int = typer.Option(50, "--max-len-b", min=0, metavar="B", rich_help_panel=_SEARCH,
+        max_len_b: int = typer.Option(defaults.MAX_LEN_B, "--max-len-b", min=0, metavar="B", rich_help_panel=_SEARCH,
                                       help="Max output tokens = A * source tokens + B."),
         min_len: int = typer.Option(0, "--min-len", min=0, metavar="N", rich_help_panel=_SEARCH,
                                     help="No end of sentence before N generated tokens."),
@@ -145,7 +146,8 @@ def register(app: typer.Typer) -> None:
         buffer_size: int = typer.Option(2000, "--buffer-size", min=1, metavar="N", rich_help_panel=_MACHINE,
                                         help="Input lines read (and output flushed) per chunk."),
         max_tokens: int | None = typer.Option(
-            None, "--max-tokens", min=1, metavar="N", rich_help_panel=_MACHINE, show_default="2000 on CPU, 6000 on GPU",
+            None, "--max-tokens", min=1, metavar="N", rich_help_panel=_MACHINE,
+            show_default=defaults.max_tokens_help(),
             help="Padded source tokens per batch."
         ),
         device: Device = typer.Option(Device.auto, "--device", rich_help_panel=_MACHINE,

@@ -26,11 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt_cli import cpus
-from nmt_cli.data import corpora, readers, sample
+from nmt_cli import atomic, cpus
+from nmt_cli.data import corpora, readers
+from nmt_cli.data import sample_corpus as sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
 from nmt_cli.data.corpora import Progress
-from nmt_cli.data.hub import Warn
+from nmt_cli.data.hub_corpora import Warn
 from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
@@ -160,24 +161,6 @@ def _digest(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class _Stamps:
     """Per-step stamps in OUT/.steps/: {key, ...result}; a step is reused when its key and files match."""
 
@@ -197,7 +180,7 @@ class _Stamps:
         return stamp if stamp.get("key") == key else None
 
     def put(self, step: str, key: str, result: dict) -> None:
-        _atomic_write_text(self.dir / f"{step}.json", json.dumps({"key": key, **result}, indent=1))
+        atomic.write_text(self.dir / f"{step}.json", json.dumps({"key": key, **result}, indent=1))
 
     def drop(self, step: str) -> None:
         (self.dir / f"{step}.json").unlink(missing_ok=True)
@@ -265,7 +248,7 @@ def _learn_bpe(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: P
             raise
         if failed:
             raise failed[0]
-        _atomic_write_bytes(spm_path, model_bytes)
+        atomic.write_bytes(spm_path, model_bytes)
         stamps.put("bpe", bpe_key, {"sentences": given[0]})
     for stale in (SPM_TARGET, VOCAB_JSON):  # an imported tokenizer's files from an earlier run
         (out / stale).unlink(missing_ok=True)
@@ -278,13 +261,13 @@ def _model_tokenizer(model: str, out: Path) -> Tokenizer:
     from nmt_cli import pretrained
 
     tok = pretrained.load(model)[0].tokenizer_obj()
-    _atomic_write_bytes(out / SPM_MODEL, tok.model_bytes)
+    atomic.write_bytes(out / SPM_MODEL, tok.model_bytes)
     if tok.joint:
         for stale in (SPM_TARGET, VOCAB_JSON):
             (out / stale).unlink(missing_ok=True)
     else:
-        _atomic_write_bytes(out / SPM_TARGET, tok.target_bytes or tok.model_bytes)
-        _atomic_write_text(out / VOCAB_JSON, json.dumps(tok.vocab, ensure_ascii=False))
+        atomic.write_bytes(out / SPM_TARGET, tok.target_bytes or tok.model_bytes)
+        atomic.write_text(out / VOCAB_JSON, json.dumps(tok.vocab, ensure_ascii=False))
     return tok
 
 
@@ -479,7 +462,7 @@ def _build(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path,
 
     # 4. manifest, last
     manifest = _manifest(opts, plan, tok, out, results)
-    _atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+    atomic.write_text(out / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     clock.total()
     return PrepareResult(out, manifest, reused, clock.wall, clock.cpu)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from nmt_cli import defaults
 from nmt_cli.errors import ConfigError
 
 LENGTH_PENALTIES = ("gnmt", "fairseq")
@@ -18,15 +19,16 @@ STOP_RULES = ("beam", "top")
 
 @dataclass
 class SearchConfig:
-    """Search settings. Defaults are the paper's: beam 4, alpha 0.6, max output length = source length + 50."""
+    """Search settings. Defaults (nmt_cli/defaults.py) are the paper's: beam 4, alpha 0.6, max output length =
+    source length + 50."""
 
-    beam: int = 4
-    alpha: float = 0.6  # length penalty exponent (0 disables it)
-    lp: str = "gnmt"  # "gnmt": ((5 + len) / 6) ** alpha; "fairseq": len ** alpha
-    max_len_a: float = 1.0  # maximum output tokens = a * source tokens + b (both counting EOS)
-    max_len_b: int = 50
+    beam: int = defaults.BEAM
+    alpha: float = defaults.LENPEN  # length penalty exponent (0 disables it)
+    lp: str = defaults.LENPEN_FORM  # "gnmt": ((5 + len) / 6) ** alpha; "fairseq": len ** alpha
+    max_len_a: float = defaults.MAX_LEN_A  # maximum output tokens = a * source tokens + b (both counting EOS)
+    max_len_b: int = defaults.MAX_LEN_B
     nbest: int = 1  # hypotheses returned per sentence (at most `beam`)
-    stop: str = "beam"  # "beam": done when `beam` hypotheses ended (fairseq); "top": when the top candidate ended
+    stop: str = defaults.STOP  # "beam": done when `beam` hypotheses ended (fairseq); "top": when the top candidate ended
     min_len: int = 0  # generated tokens (EOS excluded) before EOS is allowed
     no_repeat_ngram: int = 0  # > 0: no n-gram of this size occurs twice in a hypothesis
     sampling: bool = False  # draw `nbest` samples per sentence instead of searching

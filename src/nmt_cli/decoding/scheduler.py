@@ -30,7 +30,7 @@ from nmt_cli.decoding.constraints import constrain, prefix_tensor
 from nmt_cli.decoding.sampling import Sampling
 from nmt_cli.decoding.state import SearchState
 
-JOIN_BELOW = 0.5  # the next batch joins once the running one is down to half its size (measured: docs/results.md)
+JOIN_BELOW = 0.5  # the next batch joins once the running one is down to half its size (measured: docs/results-history.md#continuous-batching-machine-d-ninth-session)
 CHECK_EVERY = 1  # host checks on CPU, where reading a flag costs nothing and finished sentences leaving at once pays
 
 Batch = tuple[Tensor, Tensor | None]  # src [B, S], src_pad_mask [B, S] (True at padding) or None

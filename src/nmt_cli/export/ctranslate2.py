@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli import __version__
+from nmt_cli import __version__, defaults
 from nmt_cli.checkpoint import Checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.errors import ConfigError
@@ -170,7 +170,7 @@ def usage(folder: str) -> str:
 ```python
 import ctranslate2, sentencepiece
 sp, translator = sentencepiece.SentencePieceProcessor(model_file="{folder}/{SPM_FILE}"), ctranslate2.Translator("{folder}")
-print(sp.decode(translator.translate_batch([sp.encode("A man is riding a bike.", out_type=str)], beam_size=4, length_penalty=0.6)[0].hypotheses[0]))
+print(sp.decode(translator.translate_batch([sp.encode("A man is riding a bike.", out_type=str)], beam_size={defaults.BEAM}, length_penalty={defaults.LENPEN})[0].hypotheses[0]))
 ```
 
 With the same beam and alpha, CTranslate2 gives the translations of `nmt translate --lenpen-form fairseq`: its

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from nmt_cli import __version__
+from nmt_cli import __version__, defaults
 from nmt_cli.checkpoint import Checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.errors import ConfigError
@@ -88,7 +88,7 @@ def generation_config(ckpt: Checkpoint):
     from transformers import GenerationConfig
 
     return GenerationConfig(
-        num_beams=4, length_penalty=0.6, early_stopping=True, max_length=ckpt.model_config.max_positions,
+        num_beams=defaults.BEAM, length_penalty=defaults.LENPEN, early_stopping=True, max_length=ckpt.model_config.max_positions,
         decoder_start_token_id=BOS_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID,
         forced_eos_token_id=EOS_ID, suppress_tokens=[PAD_ID, BOS_ID],
     )
@@ -222,7 +222,7 @@ def usage(folder: str) -> str:
 from transformers import MarianMTModel, MarianTokenizer
 tokenizer, model = MarianTokenizer.from_pretrained("{folder}"), MarianMTModel.from_pretrained("{folder}")
 batch = tokenizer(["A man is riding a bike."], return_tensors="pt", padding=True)
-print(tokenizer.batch_decode(model.generate(**batch, num_beams=4), skip_special_tokens=True))
+print(tokenizer.batch_decode(model.generate(**batch, num_beams={defaults.BEAM}), skip_special_tokens=True))
 ```
 
 With transformers 4.x the `translation` pipeline works too (transformers 5 removed that pipeline):

@@ -10,7 +10,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from nmt_cli import defaults
 from nmt_cli.errors import ConfigError
+from nmt_cli.precision import TRAIN_PRECISIONS
 
 # The paper's batch: ~25000 source + ~25000 target tokens per update (8 GPUs together).
 PAPER_UPDATE_TOKENS = 25000
@@ -64,9 +66,9 @@ class TrainConfig:
     # validation
     valid_every: int | None = None  # updates; None: at every checkpoint save
     valid_bleu: bool = False
-    valid_beam: int = 4
+    valid_beam: int = defaults.BEAM
     # machine
-    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    precision: str = "auto"  # one of precision.TRAIN_PRECISIONS
     gpus: int | None = None  # None: 1 GPU when CUDA is available, else CPU
     cpu_procs: int = 1  # processes on CPU (gloo), e.g. 2 to test distributed code without GPUs
     threads: int | None = None  # torch threads per process; None: the free cores / processes (cpus.py)
@@ -109,8 +111,8 @@ class TrainConfig:
             raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.clip_norm < 0:
             raise ConfigError(f"--clip-norm must be >= 0 (0 disables clipping), got {self.clip_norm}")
-        if self.precision not in ("auto", "fp32", "bf16", "fp16"):
-            raise ConfigError(f"unknown precision {self.precision!r}; choose auto, fp32, bf16 or fp16")
+        if self.precision not in TRAIN_PRECISIONS:
+            raise ConfigError(f"unknown precision {self.precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
         if self.cpu_procs < 1:
             raise ConfigError(f"--cpu-procs must be at least 1, got {self.cpu_procs}")
         if self.gpus is not None and self.gpus < 0:

@@ -1,9 +1,9 @@
-"""Devices, precision and process groups, in one place.
+"""Devices and process groups of a training run (the precision table and checks: nmt_cli/precision.py).
 
 - `plan_launch()` decides, before anything is written, where training runs: one process on CPU or one GPU,
   N processes over NCCL (`--gpus N`), N CPU processes over gloo (`--cpu-procs N`, what CI tests), or the
   processes `torchrun` started (RANK / WORLD_SIZE / LOCAL_RANK in the environment).
-- `resolve_precision()` turns auto/fp32/bf16/fp16 into what the device supports (one clear error otherwise).
+- `resolve_precision()` (precision.py) turns auto/fp32/bf16/fp16 into what the device supports.
 - `Runtime` is one process's view: device, rank, autocast context, all-reduce helpers.
 """
 
@@ -14,56 +14,22 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from nmt_cli.errors import ConfigError, DeviceError
+from nmt_cli.precision import (  # noqa: F401 (their home is precision.py; kept importable from here)
+    cpu_flags,
+    cpu_has_fast_bf16,
+    dtypes,
+    gpu_has_native_bf16,
+    resolve_precision,
+)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = dtypes()  # autocast dtypes by precision name
+
 FP16_INIT_SCALE = 2.0**7  # the dynamic loss scale fp16 training starts from (as fairseq)
-
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags of /proc/cpuinfo (empty where it does not exist)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True where bf16 matrix products run natively (AMX or AVX512-BF16), i.e. faster than fp32."""
-    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
-
-
-def gpu_has_native_bf16(index: int) -> bool:
-    """Compute capability >= 8.0 (Ampere and later: bf16 tensor cores). `torch.cuda.is_bf16_supported()` is not
-    this test: it also says True on a V100 or T4, where bf16 is emulated and slow, and it asks the current device."""
-    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
-
-
-def resolve_precision(precision: str, device_type: str, gpus: list[int] | tuple[int, ...] = (0,)) -> str:
-    """auto -> bf16 where the hardware runs it natively (CPU with AMX/AVX512-BF16, GPUs of compute capability
-    >= 8.0, all of `gpus`), fp16 with loss scaling on older GPUs, else fp32. Raises DeviceError for fp16 on CPU and
-    bf16 on a GPU without native bf16."""
-    if precision == "auto":
-        if device_type == "cuda":
-            return "bf16" if all(gpu_has_native_bf16(i) for i in gpus) else "fp16"
-        return "bf16" if cpu_has_fast_bf16() else "fp32"
-    if precision == "fp16" and device_type == "cpu":
-        raise DeviceError("fp16 training needs a GPU; on CPU use --precision bf16 (or fp32)")
-    if precision == "bf16" and device_type == "cuda":
-        for i in gpus:
-            if not gpu_has_native_bf16(i):
-                major, minor = torch.cuda.get_device_capability(i)
-                raise DeviceError(f"GPU {i} ({torch.cuda.get_device_name(i)}, compute capability {major}.{minor}) has "
-                                  "no native bf16 (it needs 8.0 or later); use --precision fp16 (or fp32)")
-    return precision
 
 
 def torchrun_env() -> tuple[int, int, int] | None:

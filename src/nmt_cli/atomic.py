@@ -1,0 +1,79 @@
+"""Atomic file writes, the one helper for every file nmt must never leave half-written (checkpoints, config.json,
+a prepared directory's manifest, tokenizer and step records).
+
+A temporary file NAME.XXXX.tmp is written beside NAME, flushed and fsynced, then renamed over NAME (and the rename
+made durable): a crash, a full disk or Ctrl-C at any moment leaves either the old file or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OSError], Exception] | None = None
+                 ) -> None:
+    """Call write_fn(fileobj) on a temporary file beside `path`, fsync it, then os.replace it into place.
+
+    The file gets the permissions of any new file (0666 less the umask), not mkstemp's 0600. A write that fails
+    (disk full, read-only or unwritable directory) raises `on_error(path, exc)` when given, else the OSError.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        if on_error is None:
+            raise
+        raise on_error(path, exc) from exc
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        with os.fdopen(fd, "wb") as f:
+            write_fn(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError) and on_error is not None:
+            raise on_error(path, exc) from exc
+        raise
+    try:  # make the rename itself durable
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, on_error=None) -> None:
+    atomic_write(path, lambda f: f.write(data), on_error)
+
+
+def write_text(path: str | os.PathLike, text: str, on_error=None) -> None:
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")), on_error)
+
+
+def remove_stale_tmp(directory: str | os.PathLike) -> tuple[int, int]:
+    """Delete the temporary files a killed atomic_write left in `directory` (NAME.XXXX.tmp beside NAME):
+    -> (files, bytes) removed. Call it only where no other process writes."""
+    files = size = 0
+    for p in Path(directory).glob("*.*.tmp"):
+        if p.is_file():
+            size += p.stat().st_size
+            p.unlink(missing_ok=True)
+            files += 1
+    return files, size
