@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
-COMMANDS = ["prepare", "train", "average", "translate", "score", "export", "export ctranslate2", "export huggingface",
+COMMANDS = ["prepare", "train", "average", "translate", "serve", "score", "export", "export ctranslate2", "export huggingface",
             "push"]
 
 PREAMBLE = """\

@@ -52,6 +52,10 @@ class Feed(Protocol):
     def wait(self) -> Batch | None:
         """Nothing is running: block until there is a batch; None ends the decoding."""
 
+    def abandoned(self, sentences: list[int]) -> list[int]:
+        """At a host check: the positions in `sentences` (the running sentences' numbers) of those nobody waits
+        for any more (a request that timed out); they leave the search unreported. Must be cheap."""
+
 
 def algorithm(cfg: SearchConfig, generator: torch.Generator | None = None, device="cpu") -> BeamSearch | Sampling:
     """Sampling when asked (seeded with `cfg.seed` when no generator is given), greedy search for beam 1, else beam
@@ -79,7 +83,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     log2(batch) times.
     `search`: the algorithm (default `algorithm(cfg, generator)`).
     `feed`: batches from a live Feed instead of `batches` (which is then ignored): its batch joins the running one
-    whenever `poll` gives one (`join_below` does not apply), and decoding ends when `wait` gives None.
+    whenever `poll` gives one (`join_below` does not apply), the sentences it abandons leave at the next check, and
+    decoding ends when `wait` gives None.
     `on_done(sentence, hypotheses)`: called as each sentence finishes, with its hypotheses as the result would hold
     them; then nothing is kept and the result is []. Without `feed` and `on_done`, behaviour and speed are as before."""
     cfg = cfg.validate()
@@ -141,10 +146,15 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
         keep = None
         if checked:
             done = state.done.tolist()
-            leaving = [i for i, d in enumerate(done) if d]
+            if feed is not None:
+                for i in feed.abandoned(state.ids):
+                    done[i] = None  # leaves, unreported
+            leaving = [i for i, d in enumerate(done) if d is not False]
             # static shapes: done sentences stay in place, masked, until at most half the batch is left
             if leaving and (not static or 2 * (len(done) - len(leaving)) <= len(done)):
-                for i, hyps in zip(leaving, state.hypotheses(leaving, cfg.alpha, cfg.lp), strict=True):
+                finished = [i for i in leaving if done[i]]
+                found = state.hypotheses(finished, cfg.alpha, cfg.lp) if finished else []
+                for i, hyps in zip(finished, found, strict=True):
                     if on_done is None:
                         results[state.ids[i]] = hyps
                     else:
@@ -152,7 +162,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                 if len(leaving) == len(done):
                     state = None
                     continue
-                keep = [i for i, d in enumerate(done) if not d]
+                keep = [i for i, d in enumerate(done) if d is False]
         rows = search.advance(state, t, chosen, keep)
         if rows is not None:
             cache.reorder(rows, keep)
