@@ -6,9 +6,10 @@
 1. offline: the file through the same code as `nmt translate` (Translator + translate_stream, model load excluded),
    with --threads threads;
 2. a real `nmt serve` subprocess on 127.0.0.1 with the same model, options and threads;
-3. for each client count C: C concurrent clients (asyncio, keep-alive connections), each sending the next line of the file, one
-   sentence a request, until all are sent; sentences/s over the wall time, p50 and p99 request latency, failures,
-   and how many answers equal the offline translation.
+3. for each client count C: C concurrent clients (asyncio, keep-alive connections), each sending the next line
+   of the file, one sentence a request, until all are sent; sentences/s over the wall time, p50 and p99 request latency, failures,
+   how many answers equal the offline translation, and the server's CPU time a sentence (beside offline's: on a
+   shared machine, CPU time moves less than wall time).
 Bounded: every response must come within 120 s and the server is stopped (SIGTERM) at the end, whatever happens.
 """
 
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import io
 import json
+import os
 import re
 import signal
 import statistics
@@ -33,15 +35,22 @@ sys.path.insert(0, str(ROOT / "src"))
 from nmt_cli.translate import Translator, set_threads, translate_stream  # noqa: E402
 
 
-def offline(checkpoint: str, lines: list[str], threads: int, options: dict) -> tuple[float, list[str]]:
-    """Seconds to translate `lines` as `nmt translate` does (model load excluded), and the translations."""
+def offline(checkpoint: str, lines: list[str], threads: int, options: dict) -> tuple[float, float, list[str]]:
+    """Wall and CPU seconds to translate `lines` as `nmt translate` does (model load excluded), and the
+    translations."""
     set_threads(threads)
     tr = Translator.load(checkpoint, device="cpu", **options)
     sink = io.BytesIO()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     translate_stream(tr, io.BytesIO("".join(line + "\n" for line in lines).encode()), sink)
-    seconds = time.perf_counter() - start
-    return seconds, sink.getvalue().decode().splitlines()
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return seconds, cpu, sink.getvalue().decode().splitlines()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def start_server(checkpoint: str, threads: int, options: dict, queue: int) -> tuple[subprocess.Popen, str]:
@@ -133,24 +142,27 @@ def main() -> None:
     lines = Path(a.input).read_text(encoding="utf-8").splitlines()[: a.limit]
     options = {"beam": a.beam}
     print(f"input: {a.input} ({len(lines)} lines), checkpoint {a.checkpoint}, beam {a.beam}, {a.threads} thread(s)")
-    seconds, reference = offline(a.checkpoint, lines, a.threads, options)
+    seconds, cpu, reference = offline(a.checkpoint, lines, a.threads, options)
     base = len(lines) / seconds
-    print(f"offline (nmt translate's code, load excluded): {seconds:.2f} s, {base:.1f} sentences/s")
+    print(f"offline (nmt translate's code, load excluded): {seconds:.2f} s, {base:.1f} sentences/s, "
+          f"{1000 * cpu / len(lines):.2f} CPU ms a sentence")
     proc, url = start_server(a.checkpoint, a.threads, options, queue=max(1024, max(a.clients) * 2))
     try:
         print(f"{'clients':>7} {'sent/s':>8} {'x offline':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
-              f"{'= offline':>9}   offline, <= C sentences a batch")
+              f"{'= offline':>9} {'CPU ms/sent':>11}   offline, <= C sentences a batch: sent/s, CPU ms/sent")
         for c in a.clients:
             # C clients never have more than C sentences in flight: offline batches of at most C sentences (the
-            # same continuous batching) bound what the server can reach
-            capped, _ = offline(a.checkpoint, lines, a.threads, {**options, "max_sentences": c})
+            # same continuous batching), measured right before, for comparison
+            capped, capped_cpu, _ = offline(a.checkpoint, lines, a.threads, {**options, "max_sentences": c})
+            before = cpu_seconds(proc.pid)
             wall, lat, answers, failures = asyncio.run(load(url, lines, c))
+            used = cpu_seconds(proc.pid) - before
             ok = sum(1 for x in answers if x is not None)
             same = sum(1 for x, y in zip(answers, reference, strict=True) if x == y)
             q = statistics.quantiles(lat, n=100)
             print(f"{c:>7} {ok / wall:>8.1f} {ok / wall / base:>9.2f} {q[49] * 1000:>8.0f} {q[98] * 1000:>8.0f} "
-                  f"{len(lines) - ok:>6} {same:>5}/{len(lines)}   {len(lines) / capped:.1f} sent/s "
-                  f"({len(lines) / capped / base:.2f}x)", flush=True)
+                  f"{len(lines) - ok:>6} {same:>5}/{len(lines)} {1000 * used / len(lines):>11.2f}   "
+                  f"{len(lines) / capped:.1f}, {1000 * capped_cpu / len(lines):.2f}", flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
