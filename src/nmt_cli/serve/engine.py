@@ -37,8 +37,9 @@ JOIN_WAIT = 4  # polls (decoding steps) waiting sentences may wait before they j
 JOIN_FRACTION = 0.25  # ... or once they are this fraction of the running sentences (fewer, larger segments)
 # Each batch that joins is a cache segment of its own until its last sentence leaves, and attention and cache
 # reordering run once per segment and layer: past MAX_SEGMENTS live segments, waiting sentences join only once one
-# retires or they have waited MAX_SEGMENT_WAIT steps. (bench: Multi30k, tiny model, 32 clients, 1 thread: 5.1-5.3
-# CPU s per 1000 sentences with 3, 5.5-6.0 unbounded; offline 4.2-4.5.)
+# retires or they have waited MAX_SEGMENT_WAIT steps. (Measured without HTTP, Multi30k, tiny model, 32 clients, 1
+# thread, on a busy shared machine: 5.1-5.3 CPU s per 1000 sentences with 3 segments and no wait limit, 5.5-6.0
+# unbounded, offline 4.2-4.5; differences between 1, 2 and 3 were within the machine's noise.)
 MAX_SEGMENTS = 3
 MAX_SEGMENT_WAIT = 16
 
