@@ -304,6 +304,17 @@ def test_a_full_queue_gives_503_with_retry_after_and_the_time_limit_503(slow_ckp
         assert "longer than this server's limit of 0.3 s" in error_of(r, 503) and r.headers["Retry-After"]
         r = post(s, {"q": "a cat", "source": "en", "target": "de", "beam": 1, "max_len_b": 2})
         assert r.status_code == 200  # the server goes on
+        for seed in range(5):  # seeded requests: a search group each
+            assert post(s, {"q": "a cat", "source": "en", "target": "de", "sampling": True, "seed": seed,
+                            "max_len_b": 2}).status_code == 200
+        deadline = time.monotonic() + 30
+        while True:  # nothing is left behind: no sentence queued, the abandoned ones counted, and of the seven
+            # search groups only the one the idle worker waits on (the last seed's)
+            m = httpx.get(s.url + "/info").json()["models"][0]
+            if m["queued"] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert (m["queued"], m["search_groups"], m["dropped"], m["translated"]) == (0, 1, 4, 6)
     finally:
         assert s.stop() == 0
 

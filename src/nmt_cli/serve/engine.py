@@ -177,7 +177,7 @@ class Engine:
     def stats(self) -> dict:
         with self.cond:
             return {"queued": self.queued, "translated": self.done_sentences, "dropped": self.dropped,
-                    "batches": self.batches,
+                    "batches": self.batches, "search_groups": len(self.groups),
                     "sentences_per_second": round(self._rate, 2)}
 
     # ------------------------------------------------------------------ the worker
