@@ -1,5 +1,6 @@
 # nmt: `make demo` installs and runs the whole pipeline on the embedded sample corpus;
-# `make test` installs (with the export extra: CTranslate2 and transformers, CPU builds) and runs the unit tests.
+# `make test` installs (with the export extra: CTranslate2 and transformers, CPU builds; the serve extra and its test
+# clients) and runs the unit tests.
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -33,10 +34,15 @@ $(VENV)/.export: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,export]'
 	@touch $@
 
-test: install $(VENV)/.export
+# The serve extra (starlette, uvicorn) and the clients its tests talk to it with (httpx, libretranslatepy).
+$(VENV)/.serve: $(VENV)/.installed
+	$(BIN)/pip install -q -e '.[test,serve,test-serve]'
+	@touch $@
+
+test: install $(VENV)/.export $(VENV)/.serve
 	$(BIN)/python -m pytest
 
-test-all: install $(VENV)/.export
+test-all: install $(VENV)/.export $(VENV)/.serve
 	$(BIN)/python -m pytest -m ""
 
 # The hub path against the lowest huggingface-hub and pyarrow that pyproject.toml admits (CI runs it after

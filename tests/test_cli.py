@@ -21,7 +21,7 @@ def run_nmt(*args, input=None):
 def test_help_lists_every_subcommand():
     r = run_nmt("--help")
     assert r.returncode == 0
-    for cmd in ("prepare", "train", "average", "translate", "score", "export", "push"):
+    for cmd in ("prepare", "train", "average", "translate", "serve", "score", "export", "push"):
         assert cmd in r.stdout
     for cmd in ("prepare", "train", "average", "translate", "score", "push", "export ctranslate2", "export huggingface"):
         sub = run_nmt(*cmd.split(), "--help")
@@ -53,7 +53,7 @@ def _help(path: str, capsys, monkeypatch) -> str:
     return out
 
 
-COMMANDS = ["nmt", "nmt prepare", "nmt train", "nmt average", "nmt translate", "nmt score", "nmt export",
+COMMANDS = ["nmt", "nmt prepare", "nmt train", "nmt average", "nmt translate", "nmt serve", "nmt score", "nmt export",
             "nmt export ctranslate2", "nmt export huggingface", "nmt import", "nmt push"]
 
 

@@ -447,3 +447,57 @@ def test_a_search_through_the_compiled_static_step_equals_the_eager_one(beam):
     for c, s in zip(sum(compiled, []), sum(static, []), strict=True):
         assert [h.score for h in c] == [h.score for h in s]
     assert 1 <= graphs <= 24, graphs
+
+
+@pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(beam=4, stop="top")])
+def test_a_live_feed_gives_what_the_batches_give(options):
+    """A server's live feed (decode_batches(feed=, on_done=)): batches that arrive while a search runs join it at
+    a host check, every sentence is reported once, as it finishes, with the hypotheses the batches give alone;
+    the feed is waited on only when nothing runs, and decoding ends when `wait` says so."""
+    model = tiny(seed=6)
+    src, mask, _ = mixed_batch(24, seed=8)
+    cfg = SearchConfig(**options, max_len_a=1.0, max_len_b=8)
+    batches = [(src[i : i + 6], mask[i : i + 6]) for i in range(0, 24, 6)]
+    alone = sum(decode_batches(model, batches, cfg, join_below=0.0), [])
+
+    class Feed:
+        def __init__(self):
+            self.queue, self.polls, self.waits, self.running = list(batches), 0, 0, []
+
+        def poll(self, running):
+            self.polls += 1
+            self.running.append(running)
+            return self.queue.pop(0) if self.queue and self.polls % 3 == 0 else None  # every third check
+
+        def wait(self):
+            self.waits += 1
+            return self.queue.pop(0) if self.queue else None
+
+        def abandoned(self, sentences):
+            return [k for k, s in enumerate(sentences) if s in self.gone]
+
+    feed, done = Feed(), {}
+    feed.gone = set()
+    order = []
+
+    def on_done(i, hyps):
+        assert i not in done
+        done[i] = hyps
+        order.append(i)
+
+    assert decode_batches(model, [], cfg, feed=feed, on_done=on_done) == []
+    assert sorted(done) == list(range(24))
+    assert feed.waits == 2  # the first batch, then the end; the other three joined a running search
+    assert max(feed.running) > 6  # a joined batch ran beside the one before it
+    assert order != sorted(order) or options.get("beam") == 1  # sentences report as they finish, not in order
+    for i, a in enumerate(alone):
+        assert [h.tokens for h in done[i]] == [h.tokens for h in a]
+        assert [h.score for h in done[i]] == pytest.approx([h.score for h in a], abs=1e-4)
+
+    # sentences nobody waits for any more leave at the next check, unreported; the others are unchanged
+    feed, done, order = Feed(), {}, []
+    feed.gone = {1, 2, 13, 20}
+    decode_batches(model, [], cfg, feed=feed, on_done=on_done)
+    assert sorted(done) == sorted(set(range(24)) - feed.gone)
+    for i in done:
+        assert [h.tokens for h in done[i]] == [h.tokens for h in alone[i]]

@@ -64,6 +64,63 @@ class Alignment(str, Enum):
     pieces = "pieces"
 
 
+# The options `nmt translate` and `nmt serve` share (one definition: each call makes a fresh typer.Option).
+OPTIONS = {
+    "beam": lambda: typer.Option(defaults.BEAM, "-b", "--beam", min=1, metavar="N", rich_help_panel=_SEARCH,
+        help="Beam size; 1 is greedy search."),
+    "lenpen": lambda: typer.Option(defaults.LENPEN, "--lenpen", "--alpha", min=0.0, metavar="ALPHA", rich_help_panel=_SEARCH,
+        help="Length penalty exponent."),
+    "lenpen_form": lambda: typer.Option(
+        LengthPenalty(defaults.LENPEN_FORM), "--lenpen-form", rich_help_panel=_SEARCH,
+        help="gnmt: ((5+len)/6)^alpha, the paper's; fairseq: len^alpha, as fairseq, CTranslate2 and Hugging Face."
+        ),
+    "stop": lambda: typer.Option(
+        Stop(defaults.STOP), "--stop", rich_help_panel=_SEARCH,
+        help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq, CTranslate2); top: once "
+        "the best-ranked candidate has ended (OpenNMT-py; fewer steps).",
+        ),
+    "max_len_a": lambda: typer.Option(defaults.MAX_LEN_A, "--max-len-a", min=0.0, metavar="A", rich_help_panel=_SEARCH,
+        help="Max output tokens = A * source tokens + B."),
+    "max_len_b": lambda: typer.Option(defaults.MAX_LEN_B, "--max-len-b", min=0, metavar="B", rich_help_panel=_SEARCH,
+        help="Max output tokens = A * source tokens + B."),
+    "min_len": lambda: typer.Option(0, "--min-len", min=0, metavar="N", rich_help_panel=_SEARCH,
+        help="No end of sentence before N generated tokens."),
+    "no_repeat_ngram": lambda: typer.Option(
+        0, "--no-repeat-ngram", min=0, metavar="N", rich_help_panel=_SEARCH,
+        help="No n-gram of size N twice in an output (0: off)."
+        ),
+    "sampling": lambda: typer.Option(
+        False, "--sampling", rich_help_panel=_SAMPLING,
+        help="Sample instead of searching (back-translation); --nbest N draws N samples."
+        ),
+    "topk": lambda: typer.Option(0, "--topk", min=0, metavar="K", rich_help_panel=_SAMPLING,
+        help="Sample from the K most probable tokens (0: all)."),
+    "topp": lambda: typer.Option(
+        1.0, "--topp", min=0.0, max=1.0, metavar="P", rich_help_panel=_SAMPLING,
+        help="Sample from the most probable tokens holding probability P (1: all)."
+        ),
+    "temperature": lambda: typer.Option(1.0, "--temperature", min=0.0, metavar="T", rich_help_panel=_SAMPLING,
+        help="Divide the logits by T."),
+    "seed": lambda: typer.Option(None, "--seed", metavar="N", rich_help_panel=_SAMPLING,
+        help="Random seed (same seed, input and batching: same output)."),
+    "max_tokens": lambda: typer.Option(
+        None, "--max-tokens", min=1, metavar="N", rich_help_panel=_MACHINE, show_default=defaults.max_tokens_help(),
+        help="Padded source tokens per batch."
+        ),
+    "device": lambda: typer.Option(Device.auto, "--device", rich_help_panel=_MACHINE,
+        help="auto picks cuda when available."),
+    "precision": lambda: typer.Option(
+        Precision.fp32, "--precision", rich_help_panel=_MACHINE,
+        help="Model precision; bf16 is fast on CPUs with AMX or AVX512-BF16 and on GPUs of compute capability "
+        "8.0 or later; fp16 is for GPUs only; int8 (CPU only: int8 linear layers, as CTranslate2's int8) "
+        "is the fastest on CPUs without them."
+        ),
+    "threads": lambda: typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
+        show_default="the cores not busy with other work",
+        help="CPU threads."),
+}
+
+
 def register(app: typer.Typer) -> None:
     @app.command("translate", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
     def translate(
@@ -78,49 +135,23 @@ def register(app: typer.Typer) -> None:
         average_last: int = typer.Option(
             None, "--average-last", min=1, metavar="N", help="Average the last N checkpoints of each -m run directory."
         ),
-        beam: int = typer.Option(defaults.BEAM, "-b", "--beam", min=1, metavar="N", rich_help_panel=_SEARCH,
-                                 help="Beam size; 1 is greedy search."),
-        lenpen: float = typer.Option(defaults.LENPEN, "--lenpen", "--alpha", min=0.0, metavar="ALPHA",
-                                     rich_help_panel=_SEARCH,
-                                     help="Length penalty exponent."),
-        lenpen_form: LengthPenalty = typer.Option(
-            LengthPenalty(defaults.LENPEN_FORM), "--lenpen-form", rich_help_panel=_SEARCH,
-            help="gnmt: ((5+len)/6)^alpha, the paper's; fairseq: len^alpha, as fairseq, CTranslate2 and Hugging Face."
-        ),
-        stop: Stop = typer.Option(
-            Stop(defaults.STOP), "--stop", rich_help_panel=_SEARCH,
-            help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq, CTranslate2); top: once "
-                 "the best-ranked candidate has ended (OpenNMT-py; fewer steps).",
-        ),
-        max_len_a: float = typer.Option(defaults.MAX_LEN_A, "--max-len-a", min=0.0, metavar="A",
-                                        rich_help_panel=_SEARCH,
-                                        help="Max output tokens = A * source tokens + B."),
-        max_len_b: int = typer.Option(defaults.MAX_LEN_B, "--max-len-b", min=0, metavar="B", rich_help_panel=_SEARCH,
-                                      help="Max output tokens = A * source tokens + B."),
-        min_len: int = typer.Option(0, "--min-len", min=0, metavar="N", rich_help_panel=_SEARCH,
-                                    help="No end of sentence before N generated tokens."),
-        no_repeat_ngram: int = typer.Option(
-            0, "--no-repeat-ngram", min=0, metavar="N", rich_help_panel=_SEARCH,
-            help="No n-gram of size N twice in an output (0: off)."
-        ),
+        beam: int = OPTIONS["beam"](),
+        lenpen: float = OPTIONS["lenpen"](),
+        lenpen_form: LengthPenalty = OPTIONS["lenpen_form"](),
+        stop: Stop = OPTIONS["stop"](),
+        max_len_a: float = OPTIONS["max_len_a"](),
+        max_len_b: int = OPTIONS["max_len_b"](),
+        min_len: int = OPTIONS["min_len"](),
+        no_repeat_ngram: int = OPTIONS["no_repeat_ngram"](),
         prefix: Path = typer.Option(
             None, "--prefix", metavar="FILE", rich_help_panel=_SEARCH,
             help="One target prefix per input line (empty: none); each output starts with it verbatim.",
         ),
-        sampling: bool = typer.Option(
-            False, "--sampling", rich_help_panel=_SAMPLING,
-            help="Sample instead of searching (back-translation); --nbest N draws N samples."
-        ),
-        topk: int = typer.Option(0, "--topk", min=0, metavar="K", rich_help_panel=_SAMPLING,
-                                 help="Sample from the K most probable tokens (0: all)."),
-        topp: float = typer.Option(
-            1.0, "--topp", min=0.0, max=1.0, metavar="P", rich_help_panel=_SAMPLING,
-            help="Sample from the most probable tokens holding probability P (1: all)."
-        ),
-        temperature: float = typer.Option(1.0, "--temperature", min=0.0, metavar="T", rich_help_panel=_SAMPLING,
-                                          help="Divide the logits by T."),
-        seed: int = typer.Option(None, "--seed", metavar="N", rich_help_panel=_SAMPLING,
-                                 help="Random seed (same seed, input and batching: same output)."),
+        sampling: bool = OPTIONS["sampling"](),
+        topk: int = OPTIONS["topk"](),
+        topp: float = OPTIONS["topp"](),
+        temperature: float = OPTIONS["temperature"](),
+        seed: int = OPTIONS["seed"](),
         nbest: int = typer.Option(
             1, "--nbest", min=1, metavar="N", rich_help_panel=_OUTPUT,
             help="Output the N best as TSV: line number, rank, score, text (N <= beam)."
@@ -145,22 +176,10 @@ def register(app: typer.Typer) -> None:
         ),
         buffer_size: int = typer.Option(2000, "--buffer-size", min=1, metavar="N", rich_help_panel=_MACHINE,
                                         help="Input lines read (and output flushed) per chunk."),
-        max_tokens: int | None = typer.Option(
-            None, "--max-tokens", min=1, metavar="N", rich_help_panel=_MACHINE,
-            show_default=defaults.max_tokens_help(),
-            help="Padded source tokens per batch."
-        ),
-        device: Device = typer.Option(Device.auto, "--device", rich_help_panel=_MACHINE,
-                                      help="auto picks cuda when available."),
-        precision: Precision = typer.Option(
-            Precision.fp32, "--precision", rich_help_panel=_MACHINE,
-            help="Model precision; bf16 is fast on CPUs with AMX or AVX512-BF16 and on GPUs of compute capability "
-                 "8.0 or later; fp16 is for GPUs only; int8 (CPU only: int8 linear layers, as CTranslate2's int8) "
-                 "is the fastest on CPUs without them."
-        ),
-        threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
-                                    show_default="the cores not busy with other work",
-                                    help="CPU threads."),
+        max_tokens: int | None = OPTIONS["max_tokens"](),
+        device: Device = OPTIONS["device"](),
+        precision: Precision = OPTIONS["precision"](),
+        threads: int = OPTIONS["threads"](),
     ) -> None:
         from nmt_cli import cpus
         from nmt_cli import translate as core

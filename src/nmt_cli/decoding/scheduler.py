@@ -12,12 +12,17 @@ and their cache is a segment of its own (cache.py), so attention sees exactly th
 of a step (projections, feed-forward layers, output layer, log-softmax, search) runs once over all rows. The last,
 few-row steps of every batch, which cost nearly a full step each on CPU, are shared with the next batch's first.
 As at a batch's first step, a joined sentence's first step decodes one row, which then becomes `per` rows.
+
+A server (nmt_cli/serve) feeds the loop live instead of from an iterable: a `Feed` answers at each host check
+whether new work joins now (`poll`, never blocking), and is waited on only when nothing is running (`wait`); with
+`on_done`, each sentence's hypotheses go out the moment it finishes instead of at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import accumulate
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +41,22 @@ CHECK_EVERY = 1  # host checks on CPU, where reading a flag costs nothing and fi
 Batch = tuple[Tensor, Tensor | None]  # src [B, S], src_pad_mask [B, S] (True at padding) or None
 
 
+class Feed(Protocol):
+    """A live source of batches (for a server). Sentences count from 0 over all the batches handed out, in order:
+    `on_done` names them by that number."""
+
+    def poll(self, running: int) -> Batch | None:
+        """At a host check while `running` sentences are being decoded: a batch to join them now, or None. Must
+        not block."""
+
+    def wait(self) -> Batch | None:
+        """Nothing is running: block until there is a batch; None ends the decoding."""
+
+    def abandoned(self, sentences: list[int]) -> list[int]:
+        """At a host check: the positions in `sentences` (the running sentences' numbers) of those nobody waits
+        for any more (a request that timed out); they leave the search unreported. Must be cheap."""
+
+
 def algorithm(cfg: SearchConfig, generator: torch.Generator | None = None, device="cpu") -> BeamSearch | Sampling:
     """Sampling when asked (seeded with `cfg.seed` when no generator is given), greedy search for beam 1, else beam
     search."""
@@ -52,6 +73,7 @@ def algorithm(cfg: SearchConfig, generator: torch.Generator | None = None, devic
 def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes: Iterable[list[list[int]] | None]
                    | None = None, generator: torch.Generator | None = None, join_below: float = JOIN_BELOW,
                    check_every: int = CHECK_EVERY, static: bool = False, search: BeamSearch | Sampling | None = None,
+                   feed: Feed | None = None, on_done: Callable[[int, list[Hypothesis]], None] | None = None,
                    ) -> list[list[list[Hypothesis]]]:
     """Search every batch -> per batch, per sentence, its hypotheses (best first; samples in the order drawn).
 
@@ -59,23 +81,36 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     `join_below` 0 runs the batches one after the other. `static`: static caches (cache.py), for compiled steps;
     then done sentences leave only once at most half of a batch is left, so a step's row count halves at most
     log2(batch) times.
-    `search`: the algorithm (default `algorithm(cfg, generator)`)."""
+    `search`: the algorithm (default `algorithm(cfg, generator)`).
+    `feed`: batches from a live Feed instead of `batches` (which is then ignored): its batch joins the running one
+    whenever `poll` gives one (`join_below` does not apply), the sentences it abandons leave at the next check, and
+    decoding ends when `wait` gives None.
+    `on_done(sentence, hypotheses)`: called as each sentence finishes, with its hypotheses as the result would hold
+    them; then nothing is kept and the result is []. Without `feed` and `on_done`, behaviour and speed are as before."""
     cfg = cfg.validate()
-    pending = iter(batches)
-    upcoming = next(pending, None)
+    pending = iter(batches) if feed is None else iter(())
+    upcoming = next(pending, None) if feed is None else feed.wait()
     if upcoming is None:
         return []
     search = search or algorithm(cfg, generator, upcoming[0].device)
     per = search.per
-    results: list[list[Hypothesis]] = []  # per sentence, in batch order
+    results: list[list[Hypothesis]] = []  # per sentence, in batch order (not kept with on_done)
     sizes: list[int] = []
+    started = 0  # sentences begun
     prefix_iter = iter(prefixes) if prefixes is not None else None
     state: SearchState | None = None
     t = 0
     checked = True  # the host knows which sentences are done (right after a check)
-    while upcoming is not None or state is not None:
-        if state is None or (join_below and checked and upcoming is not None
-                             and state.n <= join_below * upcoming[0].size(0)):
+    while upcoming is not None or state is not None or feed is not None:
+        if feed is not None and upcoming is None:
+            if state is None:
+                upcoming = feed.wait()
+                if upcoming is None:
+                    break
+            elif checked:
+                upcoming = feed.poll(state.n)
+        if state is None or (checked and upcoming is not None and (
+                feed is not None or (join_below and state.n <= join_below * upcoming[0].size(0)))):
             src, src_pad_mask = upcoming
             upcoming = next(pending, None)
             prefix = prefix_tensor(next(prefix_iter) if prefix_iter else None, src.size(0), src.device)
@@ -84,7 +119,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             n = src.size(0)
             if state is None:  # start afresh: all `per` rows of a sentence start identical, decode one row each
                 cache = cache_new
-                state = SearchState(per, n, max_len, int(max_len.max()) + 1, prefix, len(results), src.device,
+                state = SearchState(per, n, max_len, int(max_len.max()) + 1, prefix, started, src.device,
                                     search.beam)
                 t = 0
                 lprobs = _log_probs(model, state.tokens[::per, 0].contiguous(), cache).repeat_interleave(per, dim=0)
@@ -92,14 +127,16 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             else:  # join the running batch at step t (> 0)
                 cache = cache.join(cache_new)
                 old_rows = state.tokens.size(0)
-                state.join(n, max_len, prefix, t, len(results))
+                state.join(n, max_len, prefix, t, started)
                 last = state.tokens[:, t]
                 lprobs = _log_probs(model, torch.cat([last[:old_rows], last[old_rows::per]]), cache)
                 if per > 1:
                     lprobs = torch.cat([lprobs[:old_rows], lprobs[old_rows:].repeat_interleave(per, dim=0)])
                 cache.repeat_beams(per, newest=True)
-            results += [[] for _ in range(n)]
-            sizes.append(n)
+            started += n
+            if on_done is None:
+                results += [[] for _ in range(n)]
+                sizes.append(n)
         else:
             lprobs = _log_probs(model, state.tokens[:, t].contiguous(), cache)  # [N*per, V]
         history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
@@ -109,15 +146,23 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
         keep = None
         if checked:
             done = state.done.tolist()
-            leaving = [i for i, d in enumerate(done) if d]
+            if feed is not None:
+                for i in feed.abandoned(state.ids):
+                    done[i] = None  # leaves, unreported
+            leaving = [i for i, d in enumerate(done) if d is not False]
             # static shapes: done sentences stay in place, masked, until at most half the batch is left
             if leaving and (not static or 2 * (len(done) - len(leaving)) <= len(done)):
-                for i, hyps in zip(leaving, state.hypotheses(leaving, cfg.alpha, cfg.lp), strict=True):
-                    results[state.ids[i]] = hyps
+                finished = [i for i in leaving if done[i]]
+                found = state.hypotheses(finished, cfg.alpha, cfg.lp) if finished else []
+                for i, hyps in zip(finished, found, strict=True):
+                    if on_done is None:
+                        results[state.ids[i]] = hyps
+                    else:
+                        on_done(state.ids[i], _ranked(hyps, cfg) if search.beam else hyps)
                 if len(leaving) == len(done):
                     state = None
                     continue
-                keep = [i for i, d in enumerate(done) if not d]
+                keep = [i for i, d in enumerate(done) if d is False]
         rows = search.advance(state, t, chosen, keep)
         if rows is not None:
             cache.reorder(rows, keep)
@@ -126,9 +171,14 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             t -= drop
         t += 1
     if search.beam:
-        results = [sorted(hyps, key=lambda h: -h.score)[: cfg.nbest] for hyps in results]
+        results = [_ranked(hyps, cfg) for hyps in results]
     ends = list(accumulate(sizes))
     return [results[end - size : end] for end, size in zip(ends, sizes, strict=True)]
+
+
+def _ranked(hyps: list[Hypothesis], cfg: SearchConfig) -> list[Hypothesis]:
+    """Beam search's finished hypotheses, best first, the `cfg.nbest` best."""
+    return sorted(hyps, key=lambda h: -h.score)[: cfg.nbest]
 
 
 def _start(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, prefix: Tensor | None):

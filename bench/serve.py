@@ -1,0 +1,173 @@
+"""Loopback load test of `nmt serve` beside `nmt translate` on the same file, in the same run.
+
+  python bench/serve.py --checkpoint runs/multi30k/run/averaged.pt [--input ../shared/data/multi30k/test.en]
+      [--clients 8 32 128] [--threads 1] [--beam 4]
+
+1. offline: the file through the same code as `nmt translate` (Translator + translate_stream, model load excluded),
+   with --threads threads;
+2. a real `nmt serve` subprocess on 127.0.0.1 with the same model, options and threads;
+3. for each client count C: C concurrent clients (asyncio, keep-alive connections), each sending the next line
+   of the file, one sentence a request, until all are sent; sentences/s over the wall time, p50 and p99 request latency, failures,
+   how many answers equal the offline translation, and the server's CPU time a sentence (beside offline's: on a
+   shared machine, CPU time moves less than wall time).
+Bounded: every response must come within 120 s and the server is stopped (SIGTERM) at the end, whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from nmt_cli.translate import Translator, set_threads, translate_stream  # noqa: E402
+
+
+def offline(checkpoint: str, lines: list[str], threads: int, options: dict) -> tuple[float, float, list[str]]:
+    """Wall and CPU seconds to translate `lines` as `nmt translate` does (model load excluded), and the
+    translations."""
+    set_threads(threads)
+    tr = Translator.load(checkpoint, device="cpu", **options)
+    sink = io.BytesIO()
+    start, cpu = time.perf_counter(), time.process_time()
+    translate_stream(tr, io.BytesIO("".join(line + "\n" for line in lines).encode()), sink)
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return seconds, cpu, sink.getvalue().decode().splitlines()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_server(checkpoint: str, threads: int, options: dict, queue: int) -> tuple[subprocess.Popen, str]:
+    args = [sys.executable, "-m", "nmt_cli.cli", "serve", "-m", checkpoint, "--port", "0", "--threads", str(threads),
+            "--queue-size", str(queue), "--batch-limit", "64"]
+    for k, v in options.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    found: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in proc.stderr:
+            m = re.search(r"listening on (http://\S+)", line)
+            if m:
+                found.append(m.group(1))
+                ready.set()
+            elif not line.startswith("note:"):
+                print("  server:", line.rstrip(), file=sys.stderr)
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    if not ready.wait(300) or not found:
+        proc.kill()
+        raise SystemExit("the server did not start")
+    return proc, found[0]
+
+
+async def load(url: str, lines: list[str], clients: int) -> tuple[float, list[float], list[str | None], int]:
+    """C clients over keep-alive connections, each sending the next unsent line until none is left.
+
+    The load generator is a minimal HTTP/1.1 client on asyncio streams, not httpx: on this 2-core machine httpx
+    costs ~4 ms of CPU a request (170-230 GET /health a second with 32 clients against ~3000 with this client),
+    which would measure the client, on the cores the server needs. The tests talk to the server with httpx."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    answers: list[str | None] = [None] * len(lines)
+    latencies: list[float] = []
+    failures = 0
+    next_line = 0
+
+    async def worker():
+        nonlocal next_line, failures
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        try:
+            while next_line < len(lines):
+                i = next_line
+                next_line += 1
+                body = json.dumps({"q": lines[i], "source": "auto", "target": TARGET}).encode()
+                t0 = time.perf_counter()
+                writer.write(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+                status = int(head.split(b" ", 2)[1])
+                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                              if h.lower().startswith(b"content-length:"))
+                payload = json.loads(await reader.readexactly(length))
+                latencies.append(time.perf_counter() - t0)
+                if status == 200:
+                    answers[i] = payload["translatedText"]
+                else:
+                    failures += 1
+                    print(f"  {status}: {payload}", file=sys.stderr)
+        finally:
+            writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(clients)))
+    return time.perf_counter() - start, latencies, answers, failures
+
+
+TARGET = "de"
+
+
+def main() -> None:
+    global TARGET
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True)
+    ap.add_argument("--input", default=str(ROOT.parent / "shared" / "data" / "multi30k" / "test.en"))
+    ap.add_argument("--target", default="de")
+    ap.add_argument("--clients", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--limit", type=int, default=None, help="only the first N lines")
+    a = ap.parse_args()
+    TARGET = a.target
+    lines = Path(a.input).read_text(encoding="utf-8").splitlines()[: a.limit]
+    options = {"beam": a.beam}
+    print(f"input: {a.input} ({len(lines)} lines), checkpoint {a.checkpoint}, beam {a.beam}, {a.threads} thread(s)")
+    seconds, cpu, reference = offline(a.checkpoint, lines, a.threads, options)
+    base = len(lines) / seconds
+    print(f"offline (nmt translate's code, load excluded): {seconds:.2f} s, {base:.1f} sentences/s, "
+          f"{1000 * cpu / len(lines):.2f} CPU ms a sentence")
+    proc, url = start_server(a.checkpoint, a.threads, options, queue=max(1024, max(a.clients) * 2))
+    try:
+        print(f"{'clients':>7} {'sent/s':>8} {'x offline':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
+              f"{'= offline':>9} {'CPU ms/sent':>11}   offline, <= C sentences a batch: sent/s, CPU ms/sent")
+        for c in a.clients:
+            # C clients never have more than C sentences in flight: offline batches of at most C sentences (the
+            # same continuous batching), measured right before, for comparison
+            capped, capped_cpu, _ = offline(a.checkpoint, lines, a.threads, {**options, "max_sentences": c})
+            before = cpu_seconds(proc.pid)
+            wall, lat, answers, failures = asyncio.run(load(url, lines, c))
+            used = cpu_seconds(proc.pid) - before
+            ok = sum(1 for x in answers if x is not None)
+            same = sum(1 for x, y in zip(answers, reference, strict=True) if x == y)
+            q = statistics.quantiles(lat, n=100)
+            print(f"{c:>7} {ok / wall:>8.1f} {ok / wall / base:>9.2f} {q[49] * 1000:>8.0f} {q[98] * 1000:>8.0f} "
+                  f"{len(lines) - ok:>6} {same:>5}/{len(lines)} {1000 * used / len(lines):>11.2f}   "
+                  f"{len(lines) / capped:.1f}, {1000 * capped_cpu / len(lines):.2f}", flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+        print(f"server stopped by SIGTERM: exit {code}")
+
+
+if __name__ == "__main__":
+    main()

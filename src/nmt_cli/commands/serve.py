@@ -1,0 +1,163 @@
+"""`nmt serve`: translation over HTTP, LibreTranslate's API and nmt's own (nmt_cli/serve; the `serve` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from nmt_cli.commands.helpformat import Command
+from nmt_cli.commands.translate import OPTIONS, LengthPenalty, Precision, Stop
+from nmt_cli.commands.translate import Device as DeviceChoice
+
+_SUMMARY = "Serve translation over HTTP (LibreTranslate's API)"
+_HELP = (
+    "Serve one model per language pair over HTTP: LibreTranslate's API (POST /translate, GET /languages), so its "
+    "clients work unchanged, and nmt's decoding options per request, GET /health and GET /info. Sentences of "
+    "concurrent requests share the decoder's batches; each response returns as soon as its own sentences are done.\n\n"
+    "The decoding options below are the defaults a request can change. Needs the serve extra: "
+    "pip install 'nmt-cli[serve]'. SIGTERM stops gracefully: no new connections, the requests in flight finish, "
+    "exit 0. See docs/serve.md."
+)
+_EPILOG = """\
+Examples:
+  nmt serve -m runs/ende/averaged.pt --port 5000
+  curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
+      -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
+  nmt serve -m en-de.pt -m de-en.pt --host 0.0.0.0 --api-keys keys.txt
+  nmt serve -m model.pt --langs en-de --precision int8 --threads 4
+"""
+_SERVER = "Server"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
+    def serve(
+        models: list[str] = typer.Option(
+            ..., "-m", "--model", metavar="CKPT",
+            help="Checkpoint file, MarianMT folder or hf:ORG/NAME[@REVISION]; repeat for more language pairs "
+                 "(one model per pair).",
+        ),
+        langs: list[str] = typer.Option(
+            None, "--langs", metavar="SRC-TGT",
+            help="The language pair of each -m, in order (e.g. en-de); needed for a checkpoint that does not "
+                 "record its languages, and overrides one that does.",
+        ),
+        host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=_SERVER,
+                                 help="Address to listen on (0.0.0.0: every interface)."),
+        port: int = typer.Option(8080, "--port", min=0, max=65535, rich_help_panel=_SERVER,
+                                 help="Port to listen on (0: any free port; the one chosen is printed)."),
+        api_keys: Path = typer.Option(
+            None, "--api-keys", metavar="FILE", rich_help_panel=_SERVER,
+            help="Require api_key: one accepted key a line ('#' comments); others get 403.",
+        ),
+        char_limit: int = typer.Option(10000, "--char-limit", min=1, metavar="N", rich_help_panel=_SERVER,
+                                       help="Characters per request (413 above)."),
+        batch_limit: int = typer.Option(64, "--batch-limit", min=1, metavar="N", rich_help_panel=_SERVER,
+                                        help="Sentences (lines of q) per request (413 above)."),
+        queue_size: int = typer.Option(
+            1024, "--queue-size", min=1, metavar="N", rich_help_panel=_SERVER,
+            help="Sentences waiting or being translated per model; a request that does not fit gets 503 with "
+                 "Retry-After.",
+        ),
+        timeout: float = typer.Option(60.0, "--timeout", min=0.1, metavar="SECONDS", rich_help_panel=_SERVER,
+                                      help="Time limit of a request (503 with Retry-After past it)."),
+        max_beam: int = typer.Option(16, "--max-beam", min=1, metavar="N", rich_help_panel=_SERVER,
+                                     help="Largest beam (and alternatives + 1) a request may ask for."),
+        access_log: bool = typer.Option(False, "--access-log", rich_help_panel=_SERVER,
+                                        help="Log every request on stderr."),
+        beam: int = OPTIONS["beam"](),
+        lenpen: float = OPTIONS["lenpen"](),
+        lenpen_form: LengthPenalty = OPTIONS["lenpen_form"](),
+        stop: Stop = OPTIONS["stop"](),
+        max_len_a: float = OPTIONS["max_len_a"](),
+        max_len_b: int = OPTIONS["max_len_b"](),
+        min_len: int = OPTIONS["min_len"](),
+        no_repeat_ngram: int = OPTIONS["no_repeat_ngram"](),
+        sampling: bool = OPTIONS["sampling"](),
+        topk: int = OPTIONS["topk"](),
+        topp: float = OPTIONS["topp"](),
+        temperature: float = OPTIONS["temperature"](),
+        seed: int = OPTIONS["seed"](),
+        max_tokens: int | None = OPTIONS["max_tokens"](),
+        device: DeviceChoice = OPTIONS["device"](),
+        precision: Precision = OPTIONS["precision"](),
+        threads: int = OPTIONS["threads"](),
+    ) -> None:
+        from nmt_cli.errors import ConfigError
+
+        try:
+            from nmt_cli.serve import server as web
+        except ImportError as exc:
+            raise ConfigError(f"nmt serve needs the serve extra ({exc.name} is missing): pip install "
+                              "'nmt-cli[serve]'") from None
+        from nmt_cli import cpus
+        from nmt_cli import translate as core
+        from nmt_cli.commands.messages import note_line, usage_error, warning_line
+        from nmt_cli.serve.engine import Engine
+        from nmt_cli.serve.service import Limits, Model, Service
+
+        if langs and len(langs) != len(models):
+            raise usage_error(f"--langs given {len(langs)} time(s) for {len(models)} -m; give one pair per model")
+        if batch_limit > queue_size:
+            raise usage_error(f"--batch-limit {batch_limit} is above --queue-size {queue_size}: such a request could "
+                              "never be queued; lower --batch-limit or raise --queue-size")
+        pairs = [_pair(p) for p in langs] if langs else [None] * len(models)
+        keys = _read_keys(api_keys) if api_keys is not None else None
+        limits = Limits(batch_limit=batch_limit, char_limit=char_limit, queue_size=queue_size, timeout=timeout,
+                        max_beam=max_beam)
+        core.set_threads(threads)
+        sampler = cpus.start() if threads is None else None
+        options = dict(beam=beam, lenpen=lenpen, lenpen_form=lenpen_form.value, stop=stop.value, max_len_a=max_len_a,
+                       max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
+                       topk=topk, topp=topp, temperature=temperature, seed=seed, max_tokens=max_tokens)
+        loaded, seen = [], {}
+        for name, pair in zip(models, pairs, strict=True):
+            ckpts = core.load_checkpoints([name], note=note_line)
+            if pair is None:
+                src, tgt = ckpts[0].langs.get("src"), ckpts[0].langs.get("tgt")
+                if not (src and tgt):
+                    raise ConfigError(f"{name} does not record its languages; say them with --langs SRC-TGT "
+                                      "(e.g. --langs en-de)")
+                pair = (src, tgt)
+            if pair in seen:
+                raise ConfigError(f"{seen[pair]} and {name} both translate {pair[0]}-{pair[1]}; serve one model "
+                                  "per language pair")
+            seen[pair] = name
+            translator = core.Translator(ckpts, device.value, precision.value,
+                                         core.TranslateConfig.from_options(**options), core.Warner(warning_line))
+            loaded.append((name, pair, translator))
+        if sampler is not None and all(t.device.type == "cpu" for _, _, t in loaded):
+            choice = sampler.threads()
+            core.set_threads(choice.threads)
+            threads = choice.threads
+            if choice.threads < cpus.core_count():
+                note_line(f"threads: {choice.reason} (--threads N to choose)")
+        service = Service([Model(name, src, tgt, Engine(tr, queue_size, f"nmt-{src}-{tgt}"))
+                           for name, (src, tgt), tr in loaded], limits, keys, precision.value, threads)
+        for (src, tgt), m in sorted(service.models.items()):
+            note_line(f"{src}-{tgt}: {m.name}")
+        status = web.run(service, host, port, access_log)
+        raise typer.Exit(status)
+
+
+def _pair(text: str) -> tuple[str, str]:
+    from nmt_cli.commands.messages import usage_error
+
+    parts = text.split("-")
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+        raise usage_error(f"--langs {text!r}: give SRC-TGT, two different language codes (e.g. en-de)")
+    return parts[0], parts[1]
+
+
+def _read_keys(path: Path) -> set[str]:
+    from nmt_cli.errors import DataError
+
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read the API keys file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    keys = {line.strip() for line in lines if line.strip() and not line.strip().startswith("#")}
+    if not keys:
+        raise DataError(f"{path} holds no API key (one a line); add one or leave out --api-keys")
+    return keys

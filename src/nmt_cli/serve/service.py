@@ -1,0 +1,324 @@
+"""What `nmt serve` answers, without the web layer: the loaded models by language pair, LibreTranslate's request
+fields checked into a plan for the engine, and the engine's hypotheses shaped into LibreTranslate's response.
+
+Every problem with a request is a `RequestError(status, one-line message)`; app.py turns it into JSON
+`{"error": message}` with that status.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from nmt_cli.decoding import SearchConfig
+from nmt_cli.errors import ConfigError
+from nmt_cli.serve.engine import Engine, Job
+from nmt_cli.translate import Translator
+
+# ISO 639-1 names for /languages (LibreTranslate lists a name with each code); other codes are named by their code.
+LANGUAGE_NAMES = {
+    "ar": "Arabic", "bg": "Bulgarian", "ca": "Catalan", "cs": "Czech", "da": "Danish", "de": "German",
+    "el": "Greek", "en": "English", "es": "Spanish", "et": "Estonian", "fa": "Persian", "fi": "Finnish",
+    "fr": "French", "ga": "Irish", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian",
+    "it": "Italian", "ja": "Japanese", "ko": "Korean", "lt": "Lithuanian", "lv": "Latvian", "nb": "Norwegian",
+    "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sk": "Slovak",
+    "sl": "Slovenian", "sv": "Swedish", "th": "Thai", "tr": "Turkish", "uk": "Ukrainian", "vi": "Vietnamese",
+    "zh": "Chinese",
+}
+
+# nmt's own request fields (beside LibreTranslate's): `nmt translate`'s option names -> (SearchConfig field, type)
+SEARCH_FIELDS = {
+    "beam": ("beam", int), "lenpen": ("alpha", float), "lenpen_form": ("lp", str), "stop": ("stop", str),
+    "max_len_a": ("max_len_a", float), "max_len_b": ("max_len_b", int), "min_len": ("min_len", int),
+    "no_repeat_ngram": ("no_repeat_ngram", int), "sampling": ("sampling", bool), "topk": ("topk", int),
+    "topp": ("topp", float), "temperature": ("temperature", float), "seed": ("seed", int),
+}
+KNOWN_FIELDS = {"q", "source", "target", "format", "alternatives", "api_key", "scores", *SEARCH_FIELDS}
+_LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+@dataclass
+class Limits:
+    batch_limit: int = 64  # sentences (lines) per request
+    char_limit: int = 10000  # characters per request, all of q
+    queue_size: int = 1024  # sentences waiting or being translated, per model
+    timeout: float = 60.0  # seconds a request may take
+    max_beam: int = 16  # beam and alternatives + 1 a request may ask for
+
+    @property
+    def max_body(self) -> int:
+        """Bytes of a request body: the character limit at the longest JSON escape (\\uXXXX\\uXXXX: 12 bytes a
+        character) and room for the other fields."""
+        return 12 * self.char_limit + 65536
+
+
+@dataclass
+class Model:
+    name: str  # as given with -m
+    source: str
+    target: str
+    engine: Engine
+
+    @property
+    def translator(self) -> Translator:
+        return self.engine.translator
+
+
+@dataclass
+class Plan:
+    """A checked /translate request: the lines to translate and how to answer."""
+
+    model: Model
+    lines: list[str]  # every line of every q item
+    pieces: list[list[str]]  # per q item: its lines and line breaks, alternating (text at even indices)
+    cfg: SearchConfig
+    batch: bool  # q was a list
+    alternatives: int
+    scores: bool
+    detected: str | None  # source "auto": the language assumed
+    spans: list[tuple[int, int]] = field(default_factory=list)  # per q item: its lines' range in `lines`
+
+
+class Service:
+    def __init__(self, models: list[Model], limits: Limits, api_keys: set[str] | None = None,
+                 precision: str = "fp32", threads: int | None = None):
+        self.models = {(m.source, m.target): m for m in models}
+        self.limits, self.api_keys = limits, api_keys
+        self.precision, self.threads = precision, threads
+
+    # ------------------------------------------------------------------ languages
+
+    def languages(self) -> list[dict]:
+        """LibreTranslate's /languages: every language the models translate from or into, with its targets."""
+        codes = sorted({c for pair in self.models for c in pair})
+        return [{"code": c, "name": LANGUAGE_NAMES.get(c, c),
+                 "targets": sorted(t for s, t in self.models if s == c)} for c in codes]
+
+    def sources(self) -> list[str]:
+        return sorted({s for s, _ in self.models})
+
+    # ------------------------------------------------------------------ /translate
+
+    def check_key(self, fields: dict) -> None:
+        if self.api_keys is None:
+            return
+        key = fields.get("api_key")
+        if not isinstance(key, str) or key not in self.api_keys:
+            raise RequestError(403, "invalid or missing API key; pass api_key" if key is None else
+                               "invalid API key")
+
+    def plan(self, fields: dict) -> Plan:
+        """Check a /translate request's fields (from JSON or a form) -> Plan; RequestError on any problem."""
+        self.check_key(fields)
+        q = fields.get("q")
+        if q is None or q == "" or q == []:
+            raise RequestError(400, "invalid request: missing q parameter" if q != [] else
+                               "invalid request: q is an empty list")
+        if isinstance(q, str):
+            items, batch = [q], False
+        elif isinstance(q, list):
+            if not all(isinstance(x, str) for x in q):
+                raise RequestError(400, "invalid request: q must be a string or a list of strings")
+            items, batch = q, True
+        else:
+            raise RequestError(400, "invalid request: q must be a string or a list of strings")
+        source, target = fields.get("source"), fields.get("target")
+        for name, value in (("source", source), ("target", target)):
+            if value is None or value == "":
+                raise RequestError(400, f"invalid request: missing {name} parameter")
+            if not isinstance(value, str):
+                raise RequestError(400, f"invalid request: {name} must be a language code (a string)")
+        fmt = fields.get("format", "text")
+        if fmt != "text":
+            raise RequestError(400, f"format {str(fmt)[:40]!r} is not supported; send text (html is not "
+                                    "supported: strip the tags first)")
+        detected = None
+        if source == "auto":
+            sources = self.sources()
+            if len(sources) != 1:
+                raise RequestError(400, f"source auto needs the server's models to have one source language; "
+                                        f"they have {', '.join(sources)}: give source")
+            source = detected = sources[0]
+        model = self.models.get((source, target))
+        if model is None:
+            known = ", ".join(f"{s}-{t}" for s, t in sorted(self.models))
+            if source not in {s for s, _ in self.models}:
+                raise RequestError(400, f"{source[:40]} is not supported as a source language (this server "
+                                        f"translates {known})")
+            raise RequestError(400, f"{target[:40]} is not supported as a target language from {source} (this "
+                                    f"server translates {known})")
+        alternatives = _integer(fields.get("alternatives", 0), "alternatives", 0, self.limits.max_beam - 1)
+        scores = _boolean(fields.get("scores", False), "scores")
+        cfg = self._search_config(model, fields, alternatives)
+
+        chars = sum(len(x) for x in items)
+        if chars > self.limits.char_limit:
+            raise RequestError(413, f"q has {chars} characters; this server takes at most "
+                                    f"{self.limits.char_limit} per request")
+        for x in items:
+            _check_text(x)
+        pieces = [_LINE_BREAK.split(x) for x in items]
+        lines, spans = [], []
+        for p in pieces:
+            start = len(lines)
+            lines += p[0::2]
+            spans.append((start, len(lines)))
+        if len(lines) > self.limits.batch_limit:
+            raise RequestError(413, f"q has {len(lines)} lines; this server takes at most "
+                                    f"{self.limits.batch_limit} per request")
+        return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, spans)
+
+    def _search_config(self, model: Model, fields: dict, alternatives: int) -> SearchConfig:
+        default = model.engine.default
+        options = {}
+        for name, (attr, kind) in SEARCH_FIELDS.items():
+            if name in fields and fields[name] is not None:
+                value = fields[name]
+                if kind is int:
+                    value = _integer(value, name, 0, None)
+                elif kind is float:
+                    value = _number(value, name)
+                elif kind is bool:
+                    value = _boolean(value, name)
+                elif not isinstance(value, str):
+                    raise RequestError(400, f"invalid request: {name} must be a string")
+                options[attr] = value
+        sampling = options.get("sampling", default.sampling)
+        nbest = alternatives + 1
+        if not sampling and "beam" not in options and nbest > default.beam:
+            options["beam"] = nbest  # alternatives need as many beams (a beam the request gives is checked)
+        options["nbest"] = nbest
+        if options.get("beam", default.beam) > self.limits.max_beam:
+            raise RequestError(400, f"beam {options['beam']} is above this server's limit of {self.limits.max_beam}")
+        if options.get("max_len_b", 0) > 1024 or options.get("max_len_a", 0) > 10:
+            raise RequestError(400, "max_len_a must be at most 10 and max_len_b at most 1024")
+        if options.get("no_repeat_ngram", 0) > 32 or options.get("min_len", 0) > 1024:
+            raise RequestError(400, "no_repeat_ngram must be at most 32 and min_len at most 1024")
+        if options.get("sampling") is False and default.sampling:
+            for name in ("topk", "topp", "temperature"):  # the server's sampling settings do not apply then
+                options.setdefault(name, getattr(SearchConfig, name))
+        changed = {k: v for k, v in options.items() if getattr(default, k) != v}
+        try:
+            return model.engine.config(**changed)
+        except ConfigError as exc:
+            raise RequestError(400, str(exc).splitlines()[0]) from None
+
+    def answer(self, plan: Plan, job: Job) -> dict:
+        """LibreTranslate's response: translatedText (a string or a list, as q), alternatives when asked,
+        detectedLanguage for source auto; nmt's `scores` when asked."""
+        tok = plan.model.translator.tokenizer
+        hyps = job.results
+        flat = [h for hs in hyps for h in hs]
+        texts = iter(tok.decode([h.tokens for h in flat]))
+        per_line = [[(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
+        translated, alternatives, scores = [], [], []
+        for pieces, (start, end) in zip(plan.pieces, plan.spans, strict=True):
+            lines = per_line[start:end]
+            ranks = 1 + plan.alternatives
+
+            def join(rank: int, lines=lines, pieces=pieces) -> tuple[str, float]:
+                out, total = [], 0.0
+                for k, piece in enumerate(pieces):
+                    if k % 2:
+                        out.append(piece)  # the line break, as sent
+                    else:
+                        hs = lines[k // 2]
+                        score, text = hs[min(rank, len(hs) - 1)]
+                        out.append(text)
+                        total += score
+                return "".join(out), total
+
+            joined = [join(r) for r in range(ranks)]
+            translated.append(joined[0][0])
+            alternatives.append([text for text, _ in joined[1:]])
+            scores.append([round(s, 4) for _, s in joined])
+        if plan.batch:
+            body: dict = {"translatedText": translated}
+            if plan.alternatives:
+                body["alternatives"] = alternatives
+            if plan.detected:
+                body["detectedLanguage"] = [{"confidence": 100.0, "language": plan.detected}] * len(translated)
+            if plan.scores:
+                body["scores"] = scores
+        else:
+            body = {"translatedText": translated[0]}
+            if plan.alternatives:
+                body["alternatives"] = alternatives[0]
+            if plan.detected:
+                body["detectedLanguage"] = {"confidence": 100.0, "language": plan.detected}
+            if plan.scores:
+                body["scores"] = scores[0]
+        return body
+
+    # ------------------------------------------------------------------ /info
+
+    def info(self) -> dict:
+        from nmt_cli import __version__
+
+        models = []
+        for (s, t), m in sorted(self.models.items()):
+            tr = m.translator
+            models.append({
+                "model": m.name, "source": s, "target": t, "device": str(tr.device), "precision": self.precision,
+                "parameters": sum(p.numel() for p in tr.model.parameters()),
+                "defaults": {name: getattr(m.engine.default, attr) for name, (attr, _) in SEARCH_FIELDS.items()},
+                "max_tokens": m.engine.max_tokens, **m.engine.stats(),
+            })
+        lim = self.limits
+        return {"version": __version__, "models": models, "languages": self.languages(), "threads": self.threads,
+                "limits": {"batch_limit": lim.batch_limit, "char_limit": lim.char_limit,
+                           "queue_size": lim.queue_size, "timeout": lim.timeout, "max_beam": lim.max_beam,
+                           "max_alternatives": lim.max_beam - 1, "max_body_bytes": lim.max_body},
+                "api_key_required": self.api_keys is not None}
+
+
+def _integer(value, name: str, low: int, high: int | None) -> int:
+    """An int from JSON (not a bool, not a fraction) or a form's decimal string."""
+    if isinstance(value, str) and re.fullmatch(r"\s*-?\d{1,9}\s*", value):
+        value = int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 1e9:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RequestError(400, f"invalid request: {name} must be an integer")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise RequestError(400, f"invalid request: {name} must be {bound}, got {value}")
+    return value
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise RequestError(400, f"invalid request: {name} must be a number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RequestError(400, f"invalid request: {name} must be a number")
+    return float(value)
+
+
+def _boolean(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "false", "0"):
+        return value.lower() in ("true", "1")
+    raise RequestError(400, f"invalid request: {name} must be true or false")
+
+
+def _check_text(text: str) -> None:
+    """Text the tokenizer can take: a JSON \\ud800 escape gives an unpaired surrogate, which UTF-8 cannot hold."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(400, f"invalid request: q holds invalid Unicode ({exc.reason})") from None
+
+
+def _one_line(text: str) -> str:
+    return text.replace("\r", " ").replace("\n", " ") if ("\n" in text or "\r" in text) else text
