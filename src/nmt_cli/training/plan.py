@@ -165,7 +165,8 @@ def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, to
             raise CheckpointError(f"--resume: {last} does not exist; drop --resume to start a new run")
         return None
     if cfg.resume is False:
-        raise ConfigError(f"{out_dir} already holds a run ({LAST}); resume it (the default) or pick another -o")
+        raise ConfigError(f"--no-resume: {out_dir} already holds a run ({LAST}), which nmt never overwrites; "
+                          "pick another -o, remove that directory, or drop --no-resume to resume it")
     ckpt = load(last)
     if ckpt.train_state is None:
         raise CheckpointError(f"{last} has no training state (an averaged or exported checkpoint?); "
