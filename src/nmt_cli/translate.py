@@ -215,6 +215,11 @@ class Translator:
             from nmt_cli.int8 import quantize_int8
 
             models = [quantize_int8(m) for m in models]
+        elif precision == "fp32" and self.device.type == "cpu":
+            from nmt_cli.packed import pack_linears, use_packed
+
+            if use_packed():  # oneDNN's float32 products, not MKL's, on non-Intel CPUs (packed.py)
+                models = [pack_linears(m) for m in models]
         self.model = models[0] if len(models) == 1 else Ensemble(models)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)

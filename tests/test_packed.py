@@ -1,0 +1,83 @@
+"""float32 CPU translation through oneDNN with prepacked weights (packed.py): the same products as F.linear, the same
+translations, and the rule that picks it (NMT_CPU_GEMM, the CPU's vendor)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from helpers_translate import make_checkpoint, tiny_config
+from nmt_cli import packed
+from nmt_cli.errors import ConfigError
+from nmt_cli.model import Transformer
+from nmt_cli.packed import PackedLinear, pack_linears, use_packed
+from nmt_cli.search import SearchConfig
+from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
+
+pytestmark = pytest.mark.skipif(not packed.packed_available(), reason="this torch build has no oneDNN")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("relu", [True, False])
+def test_packed_linear_is_the_float32_product(bias, relu):
+    torch.manual_seed(0)
+    dense = nn.Linear(64, 96, bias=bias)
+    layer = PackedLinear(dense.weight, dense.bias, relu=relu)
+    with torch.inference_mode():
+        for shape in [(37, 64), (2, 5, 64), (1, 64)]:
+            x = torch.randn(*shape)
+            want = torch.relu(dense(x)) if relu else dense(x)
+            got = layer(x)
+            assert got.shape == want.shape and got.dtype == torch.float32
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 sums in another order
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_packed_transformer_gives_the_same_logits_and_translations(share):
+    torch.manual_seed(1)
+    model = Transformer(tiny_config(50, share_embeddings=share)).eval()
+    src = torch.randint(4, 50, (3, 7))
+    tgt = torch.randint(4, 50, (3, 5))
+    from nmt_cli.decoding import beam_search
+
+    cfg = SearchConfig(beam=4, max_len_a=1.0, max_len_b=5)
+    with torch.inference_mode():
+        reference = model(src, tgt)
+        want = beam_search(model, src, None, cfg)
+        pack_linears(model)
+        got = model(src, tgt)
+        found = beam_search(model, src, None, cfg)
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert isinstance(model.output_layer, PackedLinear)
+    torch.testing.assert_close(got, reference, rtol=1e-4, atol=1e-4)
+    assert [[h.tokens for h in hyps] for hyps in found] == [[h.tokens for h in hyps] for hyps in want]
+
+
+def test_the_rule_follows_the_environment_then_the_vendor(monkeypatch):
+    monkeypatch.setenv(packed.ENV, "mkl")
+    assert not use_packed()
+    monkeypatch.setenv(packed.ENV, "onednn")
+    assert use_packed()
+    monkeypatch.setenv(packed.ENV, "openblas")
+    with pytest.raises(ConfigError, match="choose mkl or onednn"):
+        use_packed()
+    monkeypatch.delenv(packed.ENV)
+    for vendor, expected in (("GenuineIntel", False), ("AuthenticAMD", True), ("", True)):
+        monkeypatch.setattr(packed, "cpu_vendor", lambda v=vendor: v)
+        assert use_packed() is expected
+
+
+def test_fp32_translator_packs_where_the_rule_says(tmp_path, toy_tokenizer_bytes, monkeypatch):
+    path = make_checkpoint(tmp_path / "model.pt", toy_tokenizer_bytes, seed=0)
+    cfg = TranslateConfig(search=SearchConfig(beam=4, max_len_a=1.0, max_len_b=4))
+    lines = ["the cat", "", "a dog sat"]
+    out = {}
+    for choice in ("mkl", "onednn"):
+        monkeypatch.setenv(packed.ENV, choice)
+        tr = Translator(load_checkpoints([path]), "cpu", "fp32", cfg)
+        assert isinstance(tr.model.output_layer, PackedLinear) is (choice == "onednn")
+        out[choice] = [[t.text for t in hyps] for hyps in tr.translate(lines)]
+    assert out["mkl"] == out["onednn"]
+    monkeypatch.setenv(packed.ENV, "onednn")  # bf16 and int8 keep their own products
+    assert Translator(load_checkpoints([path]), "cpu", "bf16", cfg).model.output_layer is None
