@@ -159,6 +159,34 @@ def test_joined_segments_decode_with_their_own_positions_and_sources():
     assert [s.sentences for s in cache.segments] == [1, 1]
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody_reads(static):
+    """A batch that joined merges into the running one after its first step (one segment, rows right-aligned):
+    every row keeps its own positions and source (other lengths, padded), steps equal the full forward pass, and
+    when the first batch's sentences leave, the columns only they read are dropped."""
+    model = tiny_model()
+    src, tgt = batch(b=4, t=8)
+    src[3, 3:] = 0
+    mask = src.eq(0)
+    first = model.init_cache(model.encode(src[:2], None), None, static=static)
+    _steps(model, first, tgt[:2, :3])
+    cache = first.join(model.init_cache(model.encode(src[2:, :5], mask[2:, :5]), mask[2:, :5], static=static))
+    out = model.step(torch.cat([tgt[:2, 3], tgt[2:, 0]]), cache)  # the joined batch's first step, two segments
+    cache.repeat_beams(1, newest=True)
+    assert len(cache.segments) == 1
+    seg = cache.segments[0]
+    assert seg.offsets == [0, 0, 3, 3] and seg.length == 4 and seg.cross.size(4) == 7  # sources padded to 7
+    for i in range(1, 4):
+        out = model.step(torch.cat([tgt[:2, 3 + i], tgt[2:, i]]), cache)
+        torch.testing.assert_close(out[:2], model(src[:2], tgt[:2, : 4 + i])[:, 3 + i], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out[2:], model(src[2:, :5], tgt[2:, : 1 + i], mask[2:, :5])[:, i], atol=1e-5,
+                                   rtol=1e-5)
+    cache.reorder(torch.tensor([2, 3]), keep=[2, 3])  # the first batch leaves
+    assert seg.offsets is None and seg.length == 4  # 3 columns dropped: 7 decoded positions, 4 still read
+    out = model.step(tgt[2:, 4], cache)
+    torch.testing.assert_close(out, model(src[2:, :5], tgt[2:, :5], mask[2:, :5])[:, 4], atol=1e-5, rtol=1e-5)
+
+
 def test_the_static_step_compiles_as_one_graph():
     """What a CUDA graph capture needs: torch.compile(fullgraph=True) traces the static step whole (a graph break
     would raise), and its logits equal the eager step's."""

@@ -450,11 +450,17 @@ def test_a_search_through_the_compiled_static_step_equals_the_eager_one(beam):
 
 
 @pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(beam=4, stop="top")])
-def test_a_live_feed_gives_what_the_batches_give(options):
+def test_a_live_feed_gives_what_the_batches_give(options, monkeypatch):
     """A server's live feed (decode_batches(feed=, on_done=)): batches that arrive while a search runs join it at
     a host check, every sentence is reported once, as it finishes, with the hypotheses the batches give alone;
-    the feed is waited on only when nothing runs, and decoding ends when `wait` says so."""
+    the feed is waited on only when nothing runs, and decoding ends when `wait` says so. Batches joining a few
+    steps apart merge into one cache segment after their first step."""
     model = tiny(seed=6)
+    segments = []
+    real_step = Transformer.static_step
+    monkeypatch.setattr(Transformer, "static_step",
+                        lambda self, tokens, cache: (segments.append(len(cache.segments)), real_step(self, tokens,
+                                                                                                      cache))[1])
     src, mask, _ = mixed_batch(24, seed=8)
     cfg = SearchConfig(**options, max_len_a=1.0, max_len_b=8)
     batches = [(src[i : i + 6], mask[i : i + 6]) for i in range(0, 24, 6)]
@@ -489,6 +495,7 @@ def test_a_live_feed_gives_what_the_batches_give(options):
     assert sorted(done) == list(range(24))
     assert feed.waits == 2  # the first batch, then the end; the other three joined a running search
     assert max(feed.running) > 6  # a joined batch ran beside the one before it
+    assert max(segments) == 2 and segments[-1] == 1  # 4 batches, never more than 2 segments: they merged
     assert order != sorted(order) or options.get("beam") == 1  # sentences report as they finish, not in order
     for i, a in enumerate(alone):
         assert [h.tokens for h in done[i]] == [h.tokens for h in a]

@@ -326,9 +326,10 @@ class Transformer(nn.Module):
         segments = cache.segments
         embedding = getattr(self, "tgt_embed", self.embed)
         if len(segments) == 1:
-            positions = self.positions.index_select(0, segments[0].pos)  # [1, D]
+            positions = self.positions.index_select(0, segments[0].positions())  # [1, D] or [R, D]
         else:
-            positions = torch.cat([self.positions.index_select(0, s.pos).expand(s.rows, -1) for s in segments])
+            positions = torch.cat([self.positions.index_select(0, s.positions()).expand(s.rows, -1)
+                                   for s in segments])
         x = embedding.forward(tokens) * self.embed_scale + positions.to(embedding.weight.dtype)  # [R, D]
         masks = [s.self_mask() for s in segments]
         for i, layer in enumerate(self.decoder_layers):

@@ -19,6 +19,14 @@ Two layouts, one code path:
     addresses and a step's shapes change only when a bucket does.
 The host side (`make_room`, `advance`) runs around the step; the step itself (`Transformer.static_step`) reads only
 tensors and bucket-level ints.
+
+Joined batches merge: once a batch that joined has taken its first step (and has as many beams a sentence as the
+rest), its segment and the one before it become one (`DecoderCache.merge`) when their lengths differ by at most
+MERGE_GAP, so a step runs attention once per layer however many small batches joined a few steps apart (a
+server's requests). The merged rows are right-aligned: every
+row's newest position is the same buffer column, and a sentence that has decoded fewer positions starts later,
+`offsets[n]` columns in (zeros there, masked). Sources are padded to the longest. When the sentences that started
+first leave, the columns no row reads any more are dropped by the next reorder's gather.
 """
 
 from __future__ import annotations
@@ -29,6 +37,11 @@ import torch
 from torch import Tensor
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+# Segments merge when their lengths differ by at most this many positions: a server's requests, joining a few
+# steps apart, share one segment, while a batch joining a long-running one keeps its own (merged, its rows would
+# attend over the older rows' columns for as long as those run:
+# docs/results-history.md#continuous-batching-machine-d-ninth-session).
+MERGE_GAP = 8
 
 
 class Cache(Protocol):
@@ -63,6 +76,8 @@ class Segment:
         # two buffers its `kv` alternates between
         self._in_use = 0
         self._arange: Tensor | None = None  # static layout: [C] position indices, for the mask
+        self.offsets: list[int] | None = None  # host, per sentence: the first column it reads (merged; None: all 0)
+        self._row_start: Tensor | None = None  # the same per row [R] on the device (made when needed)
         self._set_pad(src_pad)
 
     def _set_pad(self, src_pad: Tensor | None) -> None:
@@ -96,11 +111,32 @@ class Segment:
         else:
             kv.narrow(3, self.length, 1).copy_(new)
 
-    def self_mask(self) -> Tensor | None:
-        """Static layout: True at the positions a step must not attend to ([1, 1, C]); exact: None."""
-        if not self.static:
+    def row_start(self) -> Tensor | None:
+        """Per row [R], the first buffer column it reads (merged segments), or None when every row reads from 0."""
+        if self.offsets is None:
             return None
-        return (self._arange > self.pos).view(1, 1, -1)
+        if self._row_start is None or self._row_start.size(0) != self.rows:
+            start = torch.tensor(self.offsets, dtype=torch.long, device=self.cross.device)
+            self._row_start = start.repeat_interleave(self.beams)
+        return self._row_start
+
+    def positions(self) -> Tensor:
+        """The position each row decodes at this step: [1] (the same for all) or [R] (merged rows)."""
+        start = self.row_start()
+        return self.pos if start is None else self.pos - start
+
+    def self_mask(self) -> Tensor | None:
+        """True at the buffer columns a step must not attend to, broadcastable to [R x H, 1, window]: static
+        layout, the columns past the position ([1, 1, C]); merged rows, the columns before each row's start
+        ([R x H, 1, window]); None when neither."""
+        start = self.row_start()
+        mask = (self._arange > self.pos).view(1, 1, -1) if self.static else None
+        if start is None:
+            return mask
+        window, heads = self.window, self.cross.size(3)
+        cols = self._arange if self.static else torch.arange(window, device=start.device)
+        early = (cols < start.unsqueeze(1)).unsqueeze(1).expand(-1, heads, -1).reshape(-1, 1, window)
+        return early if mask is None else early | mask
 
     def make_room(self) -> None:
         """Before a step: a buffer with room for position `length` (host; grows at bucket boundaries)."""
@@ -139,25 +175,66 @@ class Segment:
         self.length += 1
         self.pos += 1
 
-    def reorder(self, rows: Tensor, sentences: Tensor | None) -> None:
-        """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences."""
+    def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None) -> None:
+        """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences, `kept`
+        the same on the host. Merged rows: the columns no kept row reads any more are dropped."""
+        drop = 0
         if sentences is not None:
             self.cross = self.cross.index_select(2, sentences)
             self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
+            if self.offsets is not None:
+                offsets = [self.offsets[i] for i in (kept if kept is not None else sentences.tolist())]
+                drop = min(offsets)
+                self.offsets = [o - drop for o in offsets] if any(o > drop for o in offsets) else None
+                self._row_start = None
         if self.kv is None:
             return
-        if self.static and rows.numel() == self.kv[0].size(1):  # in place: the buffers keep their addresses
-            for kv in self.kv:
+        if self.static and rows.numel() == self.kv[0].size(1) and not drop:  # in place: the buffers keep their
+            for kv in self.kv:  # addresses
                 kv.copy_(kv.index_select(1, rows))
             return
-        extent = self.capacity if self.static else self.length  # static: every position (no shape from the length)
-        target = self._layout(rows.numel(), self.capacity if self.static else self.length + 1)
+        # static: every position (no shape from the length); exact: the filled ones, from the first one still read
+        end = self.capacity if self.static else self.length
+        target = self._layout(rows.numel(), self.capacity if self.static else self.length - drop + 1)
         for kv, out in zip(self.kv, target, strict=True):
             if kv.requires_grad:  # (decoding outside no_grad; autograd does not support out=)
-                out[..., :extent, :].copy_(kv[..., :extent, :].index_select(1, rows))
+                out[..., : end - drop, :].copy_(kv[..., drop:end, :].index_select(1, rows))
             else:
-                torch.index_select(kv[..., :extent, :], 1, rows, out=out[..., :extent, :])
+                torch.index_select(kv[..., drop:end, :], 1, rows, out=out[..., : end - drop, :])
         self.kv = target
+        if drop:
+            self.length -= drop
+            self.pos -= drop
+
+    def merge(self, other: Segment) -> None:
+        """Take `other`'s rows after this one's, right-aligned (see the module docstring). Both have taken a step
+        (their buffers exist) and have as many beams a sentence."""
+        length = max(self.length, other.length)
+        shifts = (length - self.length, length - other.length)
+        offsets = [o + shifts[0] for o in self.offsets or [0] * self.sentences]
+        offsets += [o + shifts[1] for o in other.offsets or [0] * other.sentences]
+        rows = (self.rows, other.rows)
+        target = self._layout(sum(rows), max(self.capacity, other.capacity) if self.static else length + 1)
+        for layer, out in enumerate(target):
+            first = 0
+            for seg, shift, n in zip((self, other), shifts, rows, strict=True):
+                part = out.narrow(1, first, n)
+                if shift and not self.static:
+                    part[..., :shift, :].zero_()  # columns masked, and never NaN: 0 x garbage would be
+                part[..., shift:length, :] = seg.kv[layer][..., : seg.length, :]
+                first += n
+        sources = max(self.cross.size(4), other.cross.size(4))
+        if self.src_pad is None and other.src_pad is None and self.cross.size(4) == other.cross.size(4):
+            pad = None
+        else:
+            pad = torch.cat([_source_pad(self, sources), _source_pad(other, sources)])
+        self.cross = torch.cat([_pad_dim(self.cross, 4, sources), _pad_dim(other.cross, 4, sources)], dim=2)
+        self._set_pad(pad)
+        self.kv = target
+        self.length = length
+        self.pos.fill_(length)
+        self.offsets = offsets if any(offsets) else None
+        self._row_start = None
 
     def repeat_beams(self, k: int) -> None:
         if k == 1:
@@ -192,7 +269,7 @@ class DecoderCache:
             sentences = None
             if keep is not None and len(keep) < seg.sentences:
                 sentences = torch.tensor(keep, device=rows.device)
-            seg.reorder(rows, sentences)
+            seg.reorder(rows, sentences, keep)
             return
         kept, row_start, first_sentence, first_row = [], 0, 0, 0
         for seg in self.segments:
@@ -206,7 +283,7 @@ class DecoderCache:
             if count:
                 local = rows[row_start : row_start + n_rows] - first_row
                 chosen = None if mine is None or count == sentences else torch.tensor(mine, device=rows.device)
-                seg.reorder(local, chosen)
+                seg.reorder(local, chosen, mine)
                 kept.append(seg)
             row_start += n_rows
             first_sentence += sentences
@@ -216,10 +293,39 @@ class DecoderCache:
     def repeat_beams(self, k: int, newest: bool = False) -> None:
         for seg in self.segments[-1:] if newest else self.segments:
             seg.repeat_beams(k)
+        if newest:  # a batch that joined has taken its first step: one segment again
+            self.merge()
 
     def join(self, other: DecoderCache) -> DecoderCache:
         self.segments += other.segments
         return self
+
+    def merge(self) -> None:
+        """Merge the newest segment into the one before it while both have taken a step, have as many beams a
+        sentence, and their lengths differ by at most MERGE_GAP positions (see the module docstring)."""
+        while len(self.segments) > 1:
+            last, before = self.segments[-1], self.segments[-2]
+            if (last.kv is None or before.kv is None or last.beams != before.beams
+                    or abs(last.length - before.length) > MERGE_GAP):
+                return
+            before.merge(last)
+            self.segments.pop()
+
+
+def _pad_dim(x: Tensor, dim: int, size: int) -> Tensor:
+    """x with zeros appended along `dim` up to `size`."""
+    if x.size(dim) == size:
+        return x
+    shape = list(x.shape)
+    shape[dim] = size - x.size(dim)
+    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+
+def _source_pad(seg: Segment, sources: int) -> Tensor:
+    """seg's source padding mask [N, sources]: True at padding, and at the columns past its own sources."""
+    n, s = seg.sentences, seg.cross.size(4)
+    pad = seg.src_pad if seg.src_pad is not None else torch.zeros(n, s, dtype=torch.bool, device=seg.cross.device)
+    return pad if s == sources else torch.cat([pad, pad.new_ones(n, sources - s)], dim=1)
 
 
 def _bucket(n: int) -> int:

@@ -34,14 +34,7 @@ from nmt_cli.decoding import Hypothesis, SearchConfig, decode_batches
 from nmt_cli.translate import Translator
 
 JOIN_WAIT = 4  # polls (decoding steps) waiting sentences may wait before they join a larger running search
-JOIN_FRACTION = 0.25  # ... or once they are this fraction of the running sentences (fewer, larger segments)
-# Each batch that joins is a cache segment of its own until its last sentence leaves, and attention and cache
-# reordering run once per segment and layer: past MAX_SEGMENTS live segments, waiting sentences join only once one
-# retires or they have waited MAX_SEGMENT_WAIT steps. (Measured without HTTP, Multi30k, tiny model, 32 clients, 1
-# thread, on a busy shared machine: 5.1-5.3 CPU s per 1000 sentences with 3 segments and no wait limit, 5.5-6.0
-# unbounded, offline 4.2-4.5; differences between 1, 2 and 3 were within the machine's noise.)
-MAX_SEGMENTS = 3
-MAX_SEGMENT_WAIT = 16
+JOIN_FRACTION = 0.25  # ... or once they are this fraction of the running sentences (fewer, larger batches)
 
 
 class QueueFull(Exception):
@@ -230,9 +223,6 @@ class _Feed:
         self.owners: dict[int, tuple[Job, int]] = {}  # sentence id -> (job, index)
         self.next_id = 0
         self.waited = 0  # polls since sentences began waiting while a search runs
-        self.batch_of: dict[int, int] = {}  # sentence id -> the batch it came in
-        self.live: dict[int, int] = {}  # batch -> its sentences still in the search (a cache segment each)
-        self.batch_no = 0
         self.cancellations = engine.cancellations  # cancellations seen
 
     def _others_waiting(self) -> bool:
@@ -248,8 +238,6 @@ class _Feed:
             self.waited += 1
             if waiting < JOIN_FRACTION * running and self.waited < JOIN_WAIT:
                 return None
-            if len(self.live) >= MAX_SEGMENTS and self.waited < MAX_SEGMENT_WAIT:
-                return None
             self.waited = 0
             return self._take(engine.max_sentences - running)
 
@@ -262,7 +250,6 @@ class _Feed:
             gone = [k for k, s in enumerate(sentences) if self.owners[s][0].cancelled]
             for k in gone:
                 del self.owners[sentences[k]]
-                self._left(sentences[k])
             engine._finished(len(gone), dropped=True)
             return gone
 
@@ -310,23 +297,13 @@ class _Feed:
         for row, (job, i) in enumerate(taken):
             src[row, : len(job.sources[i])] = torch.tensor(job.sources[i], dtype=torch.long)
             self.owners[self.next_id + row] = (job, i)
-            self.batch_of[self.next_id + row] = self.batch_no
-        self.live[self.batch_no] = len(taken)
-        self.batch_no += 1
         self.next_id += len(taken)
         self.engine.batches += 1
         src = src.to(tr.device)
         return src, src == PAD_ID
 
-    def _left(self, sentence: int) -> None:
-        b = self.batch_of.pop(sentence)
-        self.live[b] -= 1
-        if not self.live[b]:
-            del self.live[b]
-
     def done(self, sentence: int, hyps: list[Hypothesis]) -> None:
         job, i = self.owners.pop(sentence)
-        self._left(sentence)
         tr = self.engine.translator
         tr.src_tokens += len(job.sources[i])
         tr.tgt_tokens += len(hyps[0].tokens) + 1 if hyps else 0
