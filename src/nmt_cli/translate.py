@@ -218,7 +218,7 @@ class Translator:
         elif precision == "fp32" and self.device.type == "cpu":
             from nmt_cli.packed import pack_linears, use_packed
 
-            if use_packed():  # oneDNN's float32 products, not MKL's, on non-Intel CPUs (packed.py)
+            if use_packed():  # NMT_CPU_GEMM=onednn: oneDNN's float32 products, not MKL's (packed.py)
                 models = [pack_linears(m) for m in models]
         self.model = models[0] if len(models) == 1 else Ensemble(models)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
