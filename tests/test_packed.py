@@ -1,7 +1,9 @@
 """float32 CPU translation through oneDNN with prepacked weights (packed.py): the same products as F.linear, the same
-translations, and the switch that picks it (NMT_CPU_GEMM)."""
+translations, the rule that picks it (NMT_CPU_GEMM, the CPU's vendor) and the bound on its memory."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -54,7 +56,7 @@ def test_packed_transformer_gives_the_same_logits_and_translations(share):
     assert [[h.tokens for h in hyps] for hyps in found] == [[h.tokens for h in hyps] for hyps in want]
 
 
-def test_the_rule_follows_the_environment(monkeypatch):
+def test_the_rule_follows_the_environment_then_the_vendor(monkeypatch):
     monkeypatch.setenv(packed.ENV, "mkl")
     assert not use_packed()
     monkeypatch.setenv(packed.ENV, "onednn")
@@ -63,7 +65,26 @@ def test_the_rule_follows_the_environment(monkeypatch):
     with pytest.raises(ConfigError, match="choose mkl or onednn"):
         use_packed()
     monkeypatch.delenv(packed.ENV)
-    assert not use_packed()  # not the default while memory grows through it (packed.py)
+    for vendor, expected in (("GenuineIntel", False), ("AuthenticAMD", True), ("", True)):
+        monkeypatch.setattr(packed, "cpu_vendor", lambda v=vendor: v)
+        assert use_packed() is expected
+
+
+@pytest.mark.parametrize("precision,bounded", [("fp32", True), ("bf16", True), ("int8", False)])
+def test_translations_on_onednn_bound_its_caches_unless_the_user_did(tmp_path, toy_tokenizer_bytes, monkeypatch,
+                                                                     precision, bounded):
+    """oneDNN's and ideep's caches of compiled products are capped (their default let memory grow with the input),
+    by environment variables that the user's own values override."""
+    path = make_checkpoint(tmp_path / "model.pt", toy_tokenizer_bytes, seed=0)
+    monkeypatch.setenv(packed.ENV, "onednn")
+    for name in packed.CACHE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    Translator(load_checkpoints([path]), "cpu", precision, TranslateConfig())
+    want = str(packed.ONEDNN_CACHE) if bounded else None
+    assert [os.environ.get(name) for name in packed.CACHE_VARIABLES] == [want, want]
+    monkeypatch.setenv("LRU_CACHE_CAPACITY", "7")
+    Translator(load_checkpoints([path]), "cpu", "fp32", TranslateConfig())
+    assert os.environ["LRU_CACHE_CAPACITY"] == "7"
 
 
 def test_fp32_translator_packs_where_the_rule_says(tmp_path, toy_tokenizer_bytes, monkeypatch):

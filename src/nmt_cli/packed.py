@@ -5,12 +5,16 @@ on an AMD EPYC (Zen 5, AVX-512) a decoding step's products (40-400 rows x 256 x 
 MKL and at 420-460 through oneDNN with prepacked weights (`mkldnn::_reorder_linear_weight`, the layout torch's own
 compiler uses for frozen CPU models). CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere.
 
-`use_packed()` says whether: only when asked, with `NMT_CPU_GEMM=onednn` (`mkl` or unset: MKL, today's default).
-It is not the default yet because the process's memory grows with the input through it: translating the Multi30k
-test set 1x and 4x in one process peaked at 0.94 and 1.47 GB through oneDNN against 0.56 and 0.59 GB through MKL
-(the heap keeps what oneDNN's calls of ever new shapes allocated; a 64 kB mmap threshold bounds it at 2x the time).
-Outputs are float32 products like MKL's, summed in another order: they differ from MKL's in the last bits, not in
-precision (docs/results.md#cpu-translation has how often a translation changes).
+`use_packed()` says where: on CPUs that are not Intel's (by /proc/cpuinfo's vendor), unless `NMT_CPU_GEMM=mkl`
+(MKL everywhere) or `NMT_CPU_GEMM=onednn` (oneDNN on Intel CPUs too) says otherwise. Outputs are float32 products
+like MKL's, summed in another order: they differ from MKL's in the last bits, not in precision
+(docs/results.md#cpu-translation has how often a translation changes).
+
+oneDNN, and torch's ideep layer over it, keep a compiled kernel with its buffers for every product shape they have
+seen, up to 1024 shapes each, and a decoding step's row count changes every step: translating the Multi30k test set
+1x, 4x and 16x in one process peaked at 0.94, 1.47 and 2.19 GB (MKL: 0.56-0.61 GB). `bound_caches()` caps both
+caches at ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per process): 0.69 GB at 4x and 0.75 GB
+at 16x, at the same speed. The Translator calls it for every CPU translation that runs on oneDNN (fp32 here, bf16).
 
 This is an inference-only transformation, as int8.py's: a packed model is never trained or saved.
 """
@@ -25,7 +29,29 @@ from torch import Tensor, nn
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import FeedForward
 
-ENV = "NMT_CPU_GEMM"  # mkl | onednn; unset: mkl
+ENV = "NMT_CPU_GEMM"  # mkl | onednn; unset: oneDNN on non-Intel CPUs
+ONEDNN_CACHE = 32  # product shapes oneDNN and ideep each keep compiled (their default, 1024, let memory grow)
+CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
+
+
+def bound_caches(capacity: int = ONEDNN_CACHE) -> None:
+    """Cap oneDNN's and ideep's caches of compiled products at `capacity` shapes each (see the module docstring),
+    where the environment does not set them already. Takes effect only before oneDNN's first use in the process.
+    """
+    for name in CACHE_VARIABLES:
+        os.environ.setdefault(name, str(capacity))
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id (GenuineIntel, AuthenticAMD, ...), '' where it does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def packed_available() -> bool:
@@ -41,7 +67,9 @@ def use_packed() -> bool:
     choice = os.environ.get(ENV, "").strip().lower()
     if choice not in ("", "mkl", "onednn"):
         raise ConfigError(f"{ENV}={choice!r}: choose mkl or onednn (or leave it unset)")
-    return choice == "onednn" and packed_available()
+    if choice == "mkl" or not packed_available():
+        return False
+    return choice == "onednn" or cpu_vendor() != "GenuineIntel"
 
 
 class PackedLinear(nn.Module):

@@ -211,15 +211,18 @@ class Translator:
             self.warn("slow bf16", slow)
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
+        if self.device.type == "cpu":
+            from nmt_cli import packed
+
+            onednn = precision == "fp32" and packed.use_packed()  # oneDNN's float32 products, not MKL's (packed.py)
+            if onednn or self.dtype == torch.bfloat16:
+                packed.bound_caches()  # oneDNN's memory, bounded
+            if onednn:
+                models = [packed.pack_linears(m) for m in models]
         if precision == "int8":
             from nmt_cli.int8 import quantize_int8
 
             models = [quantize_int8(m) for m in models]
-        elif precision == "fp32" and self.device.type == "cpu":
-            from nmt_cli.packed import pack_linears, use_packed
-
-            if use_packed():  # NMT_CPU_GEMM=onednn: oneDNN's float32 products, not MKL's (packed.py)
-                models = [pack_linears(m) for m in models]
         self.model = models[0] if len(models) == 1 else Ensemble(models)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)
