@@ -20,10 +20,11 @@ Two layouts, one code path:
 The host side (`make_room`, `advance`) runs around the step; the step itself (`Transformer.static_step`) reads only
 tensors and bucket-level ints.
 
-Joined batches merge: once a batch that joined has taken its first step (and has as many beams a sentence as the
-rest), its segment and the one before it become one (`DecoderCache.merge`) when their lengths differ by at most
-MERGE_GAP, so a step runs attention once per layer however many small batches joined a few steps apart (a
-server's requests). The merged rows are right-aligned: every
+Joined batches merge: a batch that joins becomes part of the segment before it (`DecoderCache.merge`) when the
+columns its rows would attend to in vain are few (their lengths differ by at most MERGE_GAP positions, or the gap
+times its rows is at most MERGE_COLUMNS), so a step runs attention once per layer however many small batches joined
+(a server's requests, a few sentences a step). A batch that merges takes its first step inside the merged segment
+(`merges_on_join`); one that does not keeps a segment of its own. The merged rows are right-aligned: every
 row's newest position is the same buffer column, and a sentence that has decoded fewer positions starts later,
 `offsets[n]` columns in (zeros there, masked). Sources are padded to the longest. When the sentences that started
 first leave, the columns no row reads any more are dropped by the next reorder's gather.
@@ -42,6 +43,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # attend over the older rows' columns for as long as those run:
 # docs/results-history.md#continuous-batching-machine-d-ninth-session).
 MERGE_GAP = 8
+MERGE_COLUMNS = 4096  # ... or when the gap times the joining rows is at most this (a few rows joining at any step)
 
 
 class Cache(Protocol):
@@ -60,6 +62,10 @@ class Cache(Protocol):
 
     def join(self, other: Cache) -> Cache:
         """This cache's rows, then `other`'s, decoded as one batch; returns the joined cache (this one)."""
+
+    def merges_on_join(self, beams: int) -> bool:
+        """Whether the rows that joined last, before their first step, become part of the running rows' cache
+        once they are `beams` a sentence (then the search repeats them first and decodes all rows as one)."""
 
 
 class Segment:
@@ -207,21 +213,23 @@ class Segment:
             self.pos -= drop
 
     def merge(self, other: Segment) -> None:
-        """Take `other`'s rows after this one's, right-aligned (see the module docstring). Both have taken a step
-        (their buffers exist) and have as many beams a sentence."""
+        """Take `other`'s rows after this one's, right-aligned (see the module docstring). This one has taken a step
+        (its buffers exist), `other` too or none at all, and both have as many beams a sentence."""
         length = max(self.length, other.length)
         shifts = (length - self.length, length - other.length)
         offsets = [o + shifts[0] for o in self.offsets or [0] * self.sentences]
         offsets += [o + shifts[1] for o in other.offsets or [0] * other.sentences]
         rows = (self.rows, other.rows)
-        target = self._layout(sum(rows), max(self.capacity, other.capacity) if self.static else length + 1)
+        capacity = max(self.capacity, other.capacity if other.kv is not None else 0)
+        target = self._layout(sum(rows), capacity if self.static else length + 1)
         for layer, out in enumerate(target):
             first = 0
             for seg, shift, n in zip((self, other), shifts, rows, strict=True):
                 part = out.narrow(1, first, n)
                 if shift and not self.static:
                     part[..., :shift, :].zero_()  # columns masked, and never NaN: 0 x garbage would be
-                part[..., shift:length, :] = seg.kv[layer][..., : seg.length, :]
+                if seg.length:
+                    part[..., shift:length, :] = seg.kv[layer][..., : seg.length, :]
                 first += n
         sources = max(self.cross.size(4), other.cross.size(4))
         if self.src_pad is None and other.src_pad is None and self.cross.size(4) == other.cross.size(4):
@@ -300,16 +308,34 @@ class DecoderCache:
         self.segments += other.segments
         return self
 
+    def merges_on_join(self, beams: int) -> bool:
+        """Whether the segment that joined last (no step taken yet) merges into the one before it once it has
+        `beams` rows a sentence: then it takes its first step there (`repeat_beams(beams, newest=True)` first)."""
+        if len(self.segments) < 2:
+            return False
+        last, before = self.segments[-1], self.segments[-2]
+        return last.kv is None and _mergeable(before, last.length, last.sentences * beams, beams)
+
     def merge(self) -> None:
-        """Merge the newest segment into the one before it while both have taken a step, have as many beams a
-        sentence, and their lengths differ by at most MERGE_GAP positions (see the module docstring)."""
+        """Merge the newest segment into the one before it while that one has taken a step and the rule of the
+        module docstring allows it."""
         while len(self.segments) > 1:
             last, before = self.segments[-1], self.segments[-2]
-            if (last.kv is None or before.kv is None or last.beams != before.beams
-                    or abs(last.length - before.length) > MERGE_GAP):
+            if last.kv is None and last.length:
+                return
+            if not _mergeable(before, last.length, last.rows, last.beams):
                 return
             before.merge(last)
             self.segments.pop()
+
+
+def _mergeable(before: Segment, length: int, rows: int, beams: int) -> bool:
+    """Whether `rows` rows that decoded `length` positions, `beams` a sentence, merge into `before` (see the module
+    docstring)."""
+    if before.kv is None or before.beams != beams:
+        return False
+    gap = abs(before.length - length)
+    return gap <= MERGE_GAP or gap * rows <= MERGE_COLUMNS
 
 
 def _pad_dim(x: Tensor, dim: int, size: int) -> Tensor:

@@ -129,10 +129,14 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                 old_rows = state.tokens.size(0)
                 state.join(n, max_len, prefix, t, started)
                 last = state.tokens[:, t]
-                lprobs = _log_probs(model, torch.cat([last[:old_rows], last[old_rows::per]]), cache)
-                if per > 1:
-                    lprobs = torch.cat([lprobs[:old_rows], lprobs[old_rows:].repeat_interleave(per, dim=0)])
-                cache.repeat_beams(per, newest=True)
+                if cache.merges_on_join(per):  # a few sentences: their first step inside the running segment
+                    cache.repeat_beams(per, newest=True)
+                    lprobs = _log_probs(model, last.contiguous(), cache)
+                else:
+                    lprobs = _log_probs(model, torch.cat([last[:old_rows], last[old_rows::per]]), cache)
+                    if per > 1:
+                        lprobs = torch.cat([lprobs[:old_rows], lprobs[old_rows:].repeat_interleave(per, dim=0)])
+                    cache.repeat_beams(per, newest=True)
             started += n
             if on_done is None:
                 results += [[] for _ in range(n)]
