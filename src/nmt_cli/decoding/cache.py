@@ -38,12 +38,12 @@ import torch
 from torch import Tensor
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-# Segments merge when their lengths differ by at most this many positions: a server's requests, joining a few
-# steps apart, share one segment, while a batch joining a long-running one keeps its own (merged, its rows would
-# attend over the older rows' columns for as long as those run:
-# docs/results-history.md#continuous-batching-machine-d-ninth-session).
+# A joining batch merges when its length is within MERGE_GAP positions of the running segment's, or the gap times
+# its rows is at most MERGE_COLUMNS: a server's few sentences share one segment, while a large batch joining a
+# long-running one keeps its own (merged, its rows would attend over the older rows' columns for as long as those
+# run: docs/results-history.md#continuous-batching-machine-d-ninth-session).
 MERGE_GAP = 8
-MERGE_COLUMNS = 4096  # ... or when the gap times the joining rows is at most this (a few rows joining at any step)
+MERGE_COLUMNS = 4096
 
 
 class Cache(Protocol):
@@ -301,7 +301,7 @@ class DecoderCache:
     def repeat_beams(self, k: int, newest: bool = False) -> None:
         for seg in self.segments[-1:] if newest else self.segments:
             seg.repeat_beams(k)
-        if newest:  # a batch that joined has taken its first step: one segment again
+        if newest:  # the batch that joined: part of the segment before it, where the rule allows
             self.merge()
 
     def join(self, other: DecoderCache) -> DecoderCache:
