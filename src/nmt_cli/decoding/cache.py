@@ -145,7 +145,9 @@ class Segment:
         return early if mask is None else early | mask
 
     def make_room(self) -> None:
-        """Before a step: a buffer with room for position `length` (host; grows at bucket boundaries)."""
+        """Before a step: a buffer with room for position `length` (host; grows at bucket boundaries), and merged
+        rows' starts on the device (made here, so that the step itself creates no tensor from host values)."""
+        self.row_start()
         need = self.length + 1
         if self.kv is not None and self.capacity >= need:
             return
