@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import DeviceError
-from nmt_cli.model import FeedForward
+from nmt_cli.model import replace_linears
 
 
 def int8_available() -> bool:
@@ -72,14 +72,4 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         raise DeviceError("--precision int8 needs a torch build with FBGEMM (x86 CPUs); use --precision fp32")
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise DeviceError("--precision int8 is for CPUs; on a GPU use --precision fp16 or bf16")
-    untied = getattr(model, "out_proj", None)
-    output_weight = untied.weight if untied is not None else model.embed.weight
-    with torch.no_grad():
-        for ffn in [m for m in model.modules() if isinstance(m, FeedForward) and isinstance(m.activation, nn.ReLU)]:
-            ffn.fc1, ffn.activation = Int8Linear(ffn.fc1.weight, ffn.fc1.bias, relu=True), nn.Identity()
-        for module in list(model.modules()):
-            for name, child in list(module.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(module, name, Int8Linear(child.weight, child.bias))
-        model.output_layer = Int8Linear(output_weight, model.output_bias)
-    return model
+    return replace_linears(model, Int8Linear)

@@ -184,6 +184,23 @@ class FeedForward(nn.Module):
         return self.fc2.forward(self.dropout(h) if self.training else h)
 
 
+def replace_linears(model: nn.Module, layer) -> nn.Module:
+    """Inference-only products (int8.py, packed.py): replace every nn.Linear of `model` by `layer(weight, bias)`,
+    with the feed-forward ReLU fused into the first as `layer(weight, bias, relu=True)`, and give it such an output
+    projection (`model.output_layer`, from the shared embedding or `out_proj`). In place; returns the model."""
+    untied = getattr(model, "out_proj", None)
+    output_weight = untied.weight if untied is not None else model.embed.weight
+    with torch.no_grad():
+        for ffn in [m for m in model.modules() if isinstance(m, FeedForward) and isinstance(m.activation, nn.ReLU)]:
+            ffn.fc1, ffn.activation = layer(ffn.fc1.weight, ffn.fc1.bias, relu=True), nn.Identity()
+        for module in list(model.modules()):
+            for name, child in list(module.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(module, name, layer(child.weight, child.bias))
+        model.output_layer = layer(output_weight, model.output_bias)
+    return model
+
+
 class Sublayer(nn.Module):
     """Residual connection around `fn` with dropout and LayerNorm, post-LN or pre-LN (layer norm and dropout called
     as functions, as in FeedForward)."""

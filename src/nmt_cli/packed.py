@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt_cli.errors import ConfigError
-from nmt_cli.model import FeedForward
+from nmt_cli.model import replace_linears
 
 ENV = "NMT_CPU_GEMM"  # mkl | onednn; unset: oneDNN on non-Intel CPUs
 ONEDNN_CACHE = 32  # product shapes oneDNN and ideep each keep compiled (their default, 1024, let memory grow)
@@ -101,14 +101,4 @@ def pack_linears(model: nn.Module) -> nn.Module:
     """Replace every nn.Linear of `model` (a float32 Transformer on CPU, in eval mode) by a PackedLinear (the
     feed-forward ReLU fused into the first), and give it a packed output projection (`model.output_layer`). In
     place; returns the model."""
-    untied = getattr(model, "out_proj", None)
-    output_weight = untied.weight if untied is not None else model.embed.weight
-    with torch.no_grad():
-        for ffn in [m for m in model.modules() if isinstance(m, FeedForward) and isinstance(m.activation, nn.ReLU)]:
-            ffn.fc1, ffn.activation = PackedLinear(ffn.fc1.weight, ffn.fc1.bias, relu=True), nn.Identity()
-        for module in list(model.modules()):
-            for name, child in list(module.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(module, name, PackedLinear(child.weight, child.bias))
-        model.output_layer = PackedLinear(output_weight, model.output_bias)
-    return model
+    return replace_linears(model, PackedLinear)
