@@ -96,7 +96,10 @@ def test_fp32_translator_packs_where_the_rule_says(tmp_path, toy_tokenizer_bytes
         monkeypatch.setenv(packed.ENV, choice)
         tr = Translator(load_checkpoints([path]), "cpu", "fp32", cfg)
         assert isinstance(tr.model.output_layer, PackedLinear) is (choice == "onednn")
+        assert tr.model.row_multiple == (packed.ROW_MULTIPLE if choice == "onednn" else 1)  # few product shapes
         out[choice] = [[t.text for t in hyps] for hyps in tr.translate(lines)]
     assert out["mkl"] == out["onednn"]
     monkeypatch.setenv(packed.ENV, "onednn")  # bf16 and int8 keep their own products
-    assert Translator(load_checkpoints([path]), "cpu", "bf16", cfg).model.output_layer is None
+    bf16 = Translator(load_checkpoints([path]), "cpu", "bf16", cfg).model
+    assert bf16.output_layer is None and bf16.row_multiple == packed.ROW_MULTIPLE  # oneDNN's products too
+    assert Translator(load_checkpoints([path]), "cpu", "int8", cfg).model.row_multiple == 1

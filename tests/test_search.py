@@ -285,6 +285,26 @@ def test_engine_equals_full_recompute(beam, stop, join):
         assert [h.score for h in c] == pytest.approx([h.score for h in f], abs=1e-4)
 
 
+@pytest.mark.parametrize("join,static", [(0.0, False), (1.0, False), (1.0, True)])
+def test_rows_padded_for_the_products_change_nothing(join, static):
+    """`row_multiple` pads a step's rows with zero rows (so that oneDNN's products see few shapes): the same
+    hypotheses and scores, with joined batches (one or several cache segments) and in the static layout."""
+    model = tiny(seed=2)
+    src, mask, _ = mixed_batch(12, seed=3)
+    cfg = SearchConfig(beam=4, nbest=4, **SHORT)
+    batches = [(src[:6], mask[:6]), (src[6:], mask[6:])]
+    plain = decode_batches(model, batches, cfg, join_below=join, static=static)
+    model.row_multiple = 32
+    steps = []
+    original = model.static_step
+    model.static_step = lambda tokens, cache: steps.append(tokens.size(0)) or original(tokens, cache)
+    padded = decode_batches(model, batches, cfg, join_below=join, static=static)
+    assert any(rows % 32 for rows in steps)  # padding happened
+    for p, q in zip(sum(plain, []), sum(padded, []), strict=True):
+        assert [h.tokens for h in p] == [h.tokens for h in q]
+        assert [h.score for h in p] == pytest.approx([h.score for h in q], abs=1e-5)
+
+
 @pytest.mark.parametrize("beam,stop", [(1, "beam"), (4, "beam"), (4, "top")])
 def test_sentence_alone_equals_sentence_in_a_large_mixed_batch(beam, stop):
     model = tiny(seed=4)

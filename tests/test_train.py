@@ -704,7 +704,7 @@ def test_a_run_started_idle_drops_a_thread_when_a_neighbour_arrives(toy_data_dir
     before = torch.get_num_threads()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
-        train(small_cfg(toy_data_dir, tmp_path / "run", threads=None, max_steps=60))
+        train(small_cfg(toy_data_dir, tmp_path / "run", threads=None, max_steps=400))  # a few looks long
     finally:
         spinner.kill()
         spinner.wait()

@@ -50,16 +50,22 @@ def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor
     return scores.softmax(dim=-1)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """The attention of decoding: softmax(q k^T / sqrt(K) + mask) v on batches flattened to 3-D (batch x heads),
     q [B, Tq, K], k/v [B, S, K] (any strides with a unit last dimension: the cache's slices are used in place), pad
-    as `attention_weights` -> [B, Tq, K] in q's dtype, computed in k's (float32 on CPU, whatever the model's).
+    as `attention_weights` -> [B, Tq, K] in q's dtype, computed in k's (float32 on CPU, whatever the model's);
+    written into `out` [B, Tq, K] (contiguous) when given.
     scaled_dot_product_attention's CPU kernels are built for long queries: for Tq ~ 1 the flash kernel spends a
     third of decoding time in per-block overhead and the math kernel copies q, k and v to float32 first; and the
     CPU's bf16 batched products over strided cache slices are 2-3x slower than float32 ones (measured on a 2-core
     AVX512-BF16 CPU)."""
-    out = torch.bmm(attention_weights(q, k, pad), v)
-    return out if out.dtype == q.dtype else out.to(q.dtype)
+    weights = attention_weights(q, k, pad)
+    if out is not None and out.dtype == v.dtype and not torch.is_grad_enabled():
+        return torch.bmm(weights, v, out=out)
+    res = torch.bmm(weights, v)
+    if out is not None:
+        return out.copy_(res)
+    return res if res.dtype == q.dtype else res.to(q.dtype)
 
 
 _NO_BIAS = torch.zeros(1, 1, 1)  # baddbmm's `input` with beta=0: ignored, but it must broadcast (CPU, float32)
@@ -127,42 +133,57 @@ class MultiHeadAttention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
 
     def step_self(self, x: Tensor, layer: int, segments: list[Segment], masks: list[Tensor | None]) -> Tensor:
-        """Self-attention of one new position per row, x [R, D] -> [R, D]: the new keys and values are written into
-        each segment's cache at its position, and every row attends over its segment's window (see cache.py)."""
-        qkv = self.qkv_proj.forward(x)  # [R, 3D]
-        if len(segments) == 1:
-            out = self._attend_self(qkv, layer, segments[0], masks[0])
-        else:
-            out = torch.cat([self._attend_self(part, layer, seg, mask) for part, seg, mask
-                             in zip(qkv.split([s.rows for s in segments]), segments, masks, strict=True)])
+        """Self-attention of one new position per row, x [R', D] -> [R', D]: the new keys and values are written
+        into each segment's cache at its position, and every row attends over its segment's window (see cache.py).
+        Rows past the segments' (R' > R: `Transformer.row_multiple`) are padding: their output is 0."""
+        qkv = self.qkv_proj.forward(x)  # [R', 3D]
+        out = _step_output(x, segments)
+        first = 0
+        for seg, mask in zip(segments, masks, strict=True):
+            self._attend_self(qkv.narrow(0, first, seg.rows), layer, seg, mask, out.narrow(0, first, seg.rows))
+            first += seg.rows
         return self.out_proj.forward(out)
 
-    def _attend_self(self, qkv: Tensor, layer: int, seg: Segment, mask: Tensor | None) -> Tensor:
+    def _attend_self(self, qkv: Tensor, layer: int, seg: Segment, mask: Tensor | None, out: Tensor) -> None:
         rows, d = qkv.size(0), qkv.size(1) // 3
         kv = seg.kv[layer]  # [2, R, H, C, K]
         seg.write(kv, qkv[:, d:].view(rows, 2, self.h, 1, self.d_k).transpose(0, 1).to(kv.dtype))
         b, w = rows * self.h, seg.window  # attention over [R x H] batches (views of the cache)
         k, v = kv[0, :, :, :w].reshape(b, w, self.d_k), kv[1, :, :, :w].reshape(b, w, self.d_k)
-        return attend(qkv[:, :d].reshape(b, 1, self.d_k), k, v, mask).view(rows, d)  # [R, D]
+        attend(qkv[:, :d].reshape(b, 1, self.d_k), k, v, mask, out.view(b, 1, self.d_k))
 
     def step_cross(self, x: Tensor, layer: int, segments: list[Segment]) -> Tensor:
-        """Encoder-decoder attention of one new position per row, x [R, D] -> [R, D], against each segment's
-        per-sentence keys and values (a sentence's beams folded into the query dimension)."""
+        """Encoder-decoder attention of one new position per row, x [R', D] -> [R', D], against each segment's
+        per-sentence keys and values (a sentence's beams folded into the query dimension); padding rows as
+        `step_self`."""
         q = self.q_proj.forward(x)
-        if len(segments) == 1:
-            out = self._attend_cross(q, layer, segments[0])
-        else:
-            out = torch.cat([self._attend_cross(part, layer, seg)
-                             for part, seg in zip(q.split([s.rows for s in segments]), segments, strict=True)])
+        out = _step_output(x, segments)
+        first = 0
+        for seg in segments:
+            self._attend_cross(q.narrow(0, first, seg.rows), layer, seg, out.narrow(0, first, seg.rows))
+            first += seg.rows
         return self.out_proj.forward(out)
 
-    def _attend_cross(self, q: Tensor, layer: int, seg: Segment) -> Tensor:
+    def _attend_cross(self, q: Tensor, layer: int, seg: Segment, out: Tensor) -> None:
         rows, d = q.shape
         _, _, n, _, s, _ = seg.cross.shape
         beams, b = rows // n, n * self.h
         q = q.view(n, beams, self.h, self.d_k).transpose(1, 2).reshape(b, beams, self.d_k)
         k, v = seg.cross[layer, 0].reshape(b, s, self.d_k), seg.cross[layer, 1].reshape(b, s, self.d_k)
-        return attend(q, k, v, seg.pad).view(n, self.h, beams, self.d_k).transpose(1, 2).reshape(rows, d)
+        if beams == 1:  # [N, H, 1, K] is already the rows' layout
+            attend(q, k, v, seg.pad, out.view(b, 1, self.d_k))
+        else:
+            out.view(n, beams, self.h, self.d_k).copy_(attend(q, k, v, seg.pad).view(n, self.h, beams,
+                                                                                    self.d_k).transpose(1, 2))
+
+
+def _step_output(x: Tensor, segments: list[Segment]) -> Tensor:
+    """The buffer a decoding step's attention writes its rows into: like x [R', D], zero past the segments' rows."""
+    out = torch.empty_like(x)
+    rows = sum(s.rows for s in segments)
+    if rows < x.size(0):
+        out[rows:].zero_()
+    return out
 
 
 ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
@@ -278,6 +299,7 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.output_layer: nn.Module | None = None  # replaces the output projection (int8.py); None: the weights
+        self.row_multiple = 1  # a decoding step pads its rows to a multiple of this (packed.py: oneDNN's products)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -348,10 +370,15 @@ class Transformer(nn.Module):
             positions = torch.cat([self.positions.index_select(0, s.positions()).expand(s.rows, -1)
                                    for s in segments])
         x = embedding.forward(tokens) * self.embed_scale + positions.to(embedding.weight.dtype)  # [R, D]
+        rows = x.size(0)
+        padded = -(-rows // self.row_multiple) * self.row_multiple
+        if padded != rows:  # rows of zeros, so that the products see few shapes (`row_multiple`)
+            x = F.pad(x, (0, 0, 0, padded - rows))
         masks = [s.self_mask() for s in segments]
         for i, layer in enumerate(self.decoder_layers):
             x = layer.step(x, i, segments, masks)
-        return self._output(self.decoder_norm.forward(x))
+        logits = self._output(self.decoder_norm.forward(x))
+        return logits if padded == rows else logits[:rows]
 
     @property
     def step_fn(self):

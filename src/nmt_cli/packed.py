@@ -10,11 +10,14 @@ compiler uses for frozen CPU models). CTranslate2 makes the same choice: MKL on 
 like MKL's, summed in another order: they differ from MKL's in the last bits, not in precision
 (docs/results.md#cpu-translation has how often a translation changes).
 
-oneDNN, and torch's ideep layer over it, keep a compiled kernel with its buffers for every product shape they have
-seen, up to 1024 shapes each, and a decoding step's row count changes every step: translating the Multi30k test set
-1x, 4x and 16x in one process peaked at 0.94, 1.47 and 2.19 GB (MKL: 0.56-0.61 GB). `bound_caches()` caps both
-caches at ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per process): 0.69 GB at 4x and 0.75 GB
-at 16x, at the same speed. The Translator calls it for every CPU translation that runs on oneDNN (fp32 here, bf16).
+oneDNN, and torch's ideep layer over it, prepare a kernel with its buffers for every product shape they see (the
+first call of a new shape took 1.5-2x as long as the next ones), and keep up to 1024 shapes each; a decoding step's
+row count changes every step. Unbounded, translating the Multi30k test set 1x, 4x and 16x in one process peaked at
+0.94, 1.47 and 2.19 GB (MKL: 0.56-0.61 GB). So a step's rows are padded to a multiple of ROW_MULTIPLE
+(`Transformer.row_multiple`: at most 31 rows of zeros, ~2% more arithmetic) and `bound_caches()` caps both caches at
+ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per process): the shapes recur and stay
+prepared, 1.03-1.05x faster than every new row count, and memory peaked at 0.73, 0.80 and 0.83 GB. The Translator
+does both for every CPU translation that runs on oneDNN (fp32 here, bf16).
 
 This is an inference-only transformation, as int8.py's: a packed model is never trained or saved.
 """
@@ -30,7 +33,8 @@ from nmt_cli.errors import ConfigError
 from nmt_cli.model import replace_linears
 
 ENV = "NMT_CPU_GEMM"  # mkl | onednn; unset: oneDNN on non-Intel CPUs
-ONEDNN_CACHE = 32  # product shapes oneDNN and ideep each keep compiled (their default, 1024, let memory grow)
+ONEDNN_CACHE = 256  # product shapes oneDNN and ideep each keep prepared (their default, 1024, let memory grow)
+ROW_MULTIPLE = 32  # a decoding step's rows, padded to a multiple of this: oneDNN prepares each product shape it sees
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
 
 

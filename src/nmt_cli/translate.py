@@ -215,8 +215,10 @@ class Translator:
             from nmt_cli import packed
 
             onednn = precision == "fp32" and packed.use_packed()  # oneDNN's float32 products, not MKL's (packed.py)
-            if onednn or self.dtype == torch.bfloat16:
-                packed.bound_caches()  # oneDNN's memory, bounded
+            if onednn or self.dtype == torch.bfloat16:  # products through oneDNN
+                packed.bound_caches()  # its memory, bounded
+                for m in models:
+                    m.row_multiple = packed.ROW_MULTIPLE  # and few product shapes for it to prepare
             if onednn:
                 models = [packed.pack_linears(m) for m in models]
         if precision == "int8":
