@@ -259,6 +259,40 @@ def test_a_short_request_returns_before_a_long_one_it_joined(server, reference):
     assert done["short"][0] < done["long"][0]
 
 
+def test_a_failed_encoding_fails_its_request_and_the_engine_goes_on(ckpt, monkeypatch, reference):
+    """The engine encodes waiting sentences on a thread of its own: an error there fails the request whose
+    sentences it held, with a one-line message, and the next request is translated as usual."""
+    from nmt_cli.serve import engine as served
+
+    real, calls = served.encode_batch, []
+
+    def flaky(model, src, pad, static=False):
+        calls.append(src.size(0))
+        if len(calls) == 1:
+            raise RuntimeError("encoder broke\nsecond line")
+        return real(model, src, pad, static)
+
+    monkeypatch.setattr(served, "encode_batch", flaky)
+    engine = served.Engine(Translator.load(ckpt, device="cpu"), max_queue=16)
+
+    def run(lines):
+        done, box = threading.Event(), []
+        engine.submit(lines, engine.config(), lambda job: (box.append(job), done.set()))
+        assert done.wait(60)
+        return box[0]
+
+    try:
+        failed = run(["a cat sat"])
+        assert failed.error == "RuntimeError: encoder broke"
+        ok = run(LINES[:3])
+        assert ok.error is None
+        texts = engine.translator.tokenizer.decode([hyps[0].tokens for hyps in ok.results])
+        assert texts == [h[0].text for h in reference(LINES[:3])]
+    finally:
+        engine.close()
+    assert engine.stats()["queued"] == 0 and len(calls) >= 2
+
+
 # ---------------------------------------------------------------------------------------------------- API keys
 
 

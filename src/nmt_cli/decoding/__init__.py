@@ -14,10 +14,11 @@ from nmt_cli.decoding.scheduler import (
     JOIN_BELOW,
     beam_search,
     decode_batches,
+    encode_batch,
     greedy_search,
     sample_search,
     search,
 )
 
-__all__ = ["JOIN_BELOW", "Hypothesis", "SearchConfig", "beam_search", "decode_batches", "greedy_search",
-           "length_penalty", "max_output_lengths", "sample_search", "search"]
+__all__ = ["JOIN_BELOW", "Hypothesis", "SearchConfig", "beam_search", "decode_batches", "encode_batch",
+           "greedy_search", "length_penalty", "max_output_lengths", "sample_search", "search"]

@@ -39,6 +39,8 @@ JOIN_BELOW = 0.5  # the next batch joins once the running one is down to half it
 CHECK_EVERY = 1  # host checks on CPU, where reading a flag costs nothing and finished sentences leaving at once pays
 
 Batch = tuple[Tensor, Tensor | None]  # src [B, S], src_pad_mask [B, S] (True at padding) or None
+# A Feed may hand out a batch already encoded, (src, src_pad_mask, its decoder cache from `encode_batch`): a server
+# encodes arriving sentences on another thread while the search decodes.
 
 
 class Feed(Protocol):
@@ -111,11 +113,11 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                 upcoming = feed.poll(state.n)
         if state is None or (checked and upcoming is not None and (
                 feed is not None or (join_below and state.n <= join_below * upcoming[0].size(0)))):
-            src, src_pad_mask = upcoming
+            src, src_pad_mask, *encoded = upcoming
             upcoming = next(pending, None)
             prefix = prefix_tensor(next(prefix_iter) if prefix_iter else None, src.size(0), src.device)
-            memory, max_len = _start(model, src, src_pad_mask, cfg, prefix)
-            cache_new = model.init_cache(memory, src_pad_mask, static)
+            max_len = _max_len(model, src, src_pad_mask, cfg, prefix)
+            cache_new = encoded[0] if encoded else encode_batch(model, src, src_pad_mask, static)
             n = src.size(0)
             if state is None:  # start afresh: all `per` rows of a sentence start identical, decode one row each
                 cache = cache_new
@@ -185,15 +187,19 @@ def _ranked(hyps: list[Hypothesis], cfg: SearchConfig) -> list[Hypothesis]:
     return sorted(hyps, key=lambda h: -h.score)[: cfg.nbest]
 
 
-def _start(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, prefix: Tensor | None):
-    """Encode; return (memory, maximum output lengths [B]). A prefix of P tokens raises a sentence's maximum to at
-    least P + 1 (the prefix and EOS)."""
-    memory = model.encode(src, src_pad_mask)
+def encode_batch(model, src: Tensor, src_pad_mask: Tensor | None, static: bool = False):
+    """A batch's decoder cache: its encoder output, projected into every layer's encoder-decoder keys and values."""
+    return model.init_cache(model.encode(src, src_pad_mask), src_pad_mask, static)
+
+
+def _max_len(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, prefix: Tensor | None) -> Tensor:
+    """Maximum output lengths [B]. A prefix of P tokens raises a sentence's maximum to at least P + 1 (the prefix
+    and EOS)."""
     limit = getattr(getattr(model, "config", None), "max_positions", None)
     max_len = max_output_lengths(src_pad_mask, src, cfg, limit)
     if prefix is not None:
         max_len = torch.maximum(max_len, prefix.ne(PAD_ID).sum(1) + 1)
-    return memory, max_len
+    return max_len
 
 
 def _log_probs(model, tokens: Tensor, cache) -> Tensor:

@@ -1,9 +1,11 @@
 """The batcher between HTTP requests and the decoding engine: one worker thread per model feeds the scheduler live.
 
 Requests (`Engine.submit`) put their sentences in a queue bounded in sentences; the worker runs `decode_batches`
-with a `Feed` (decoding/scheduler.py) that hands out the waiting sentences as one batch, which joins the running
+with a `Feed` (decoding/scheduler.py) that hands out the waiting sentences as batches, which join the running
 search at a host check (continuous batching across requests), and an `on_done` callback that gives each sentence
-its hypotheses as it finishes: a request completes the moment its last sentence does, whatever else runs.
+its hypotheses as it finishes: a request completes the moment its last sentence does, whatever else runs. The
+feed encodes the waiting sentences on a thread of its own while the search decodes (PyTorch's operations release
+the GIL), so a batch joins already encoded and the search's thread spends its time on decoding steps.
 
 Search configs: sentences whose requests ask for the same search (beam, length penalty, lengths, sampling) share
 one running search; a request with other options waits in a group of its own. One search runs at a time (the
@@ -30,11 +32,11 @@ from itertools import count
 import torch
 
 from nmt_cli.config import PAD_ID
-from nmt_cli.decoding import Hypothesis, SearchConfig, decode_batches
+from nmt_cli.decoding import Hypothesis, SearchConfig, decode_batches, encode_batch
 from nmt_cli.translate import Translator
 
-JOIN_WAIT = 4  # polls (decoding steps) waiting sentences may wait before they join a larger running search
-JOIN_FRACTION = 0.25  # ... or once they are this fraction of the running sentences (fewer, larger batches)
+JOIN_FRACTION = 0.25  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
+JOIN_WAIT_S = 0.03  # or once the oldest has waited this long (fewer, larger batches: encoding one costs ~1 ms)
 
 
 class QueueFull(Exception):
@@ -74,7 +76,7 @@ class _Group:
 
     def __init__(self, cfg: SearchConfig, generator: torch.Generator | None):
         self.cfg, self.generator = cfg, generator
-        self.waiting: deque[tuple[int, Job, int]] = deque()
+        self.waiting: deque[tuple[int, Job, int, float]] = deque()  # (arrival number, job, index, arrival time)
 
 
 class Engine:
@@ -142,7 +144,8 @@ class Engine:
                 group = self.groups.get(key)
                 if group is None:
                     group = self.groups[key] = _Group(cfg, generator)
-                group.waiting.extend((next(self.arrivals), job, i) for i in todo)
+                now = time.monotonic()
+                group.waiting.extend((next(self.arrivals), job, i, now) for i in todo)
                 self.queued += len(todo)
                 self.cond.notify_all()
         if not todo:
@@ -192,6 +195,8 @@ class Engine:
             except Exception as exc:  # a failure fails the requests being decoded, never the server
                 traceback.print_exc(file=sys.stderr)
                 feed.fail(f"{type(exc).__name__}: {exc}".splitlines()[0])
+            finally:
+                feed.close()
             with self.cond:
                 if key in self.groups and not self.groups[key].waiting:
                     del self.groups[key]
@@ -215,31 +220,75 @@ class Engine:
 
 
 class _Feed:
-    """The scheduler's Feed for one group: batches of waiting sentences; ids of the sentences handed out."""
+    """The scheduler's Feed for one group: batches of waiting sentences, encoded on the feed's own thread while the
+    search decodes (see the module docstring); ids of the sentences handed out."""
 
     def __init__(self, engine: Engine, key: tuple):
         self.engine, self.key = engine, key
         self.group = engine.groups[key]
         self.owners: dict[int, tuple[Job, int]] = {}  # sentence id -> (job, index)
         self.next_id = 0
-        self.waited = 0  # polls since sentences began waiting while a search runs
         self.cancellations = engine.cancellations  # cancellations seen
+        self.ready: deque[tuple] = deque()  # encoded batches (src, src_pad_mask, cache), in the order of their ids
+        self.encoding = 0  # sentences being encoded now
+        self.running = 0  # sentences the search decoded at its last look
+        self.stopped = False
+        self.error: Exception | None = None  # the encoding failed (raised in the search's thread)
+        self.thread = threading.Thread(target=self._encode, name=f"{threading.current_thread().name}-encode",
+                                       daemon=True)
+        self.thread.start()
 
     def _others_waiting(self) -> bool:
         return any(g.waiting for k, g in self.engine.groups.items() if k != self.key)
 
-    def poll(self, running: int):
+    def _encode(self) -> None:
+        """The encoding thread: while the search has room, the waiting sentences as one batch, encoded."""
         engine = self.engine
-        with engine.cond:
-            waiting = self._live()
-            if not waiting or self._others_waiting() or running >= engine.max_sentences:
-                self.waited = 0
-                return None
-            self.waited += 1
-            if waiting < JOIN_FRACTION * running and self.waited < JOIN_WAIT:
-                return None
-            self.waited = 0
-            return self._take(engine.max_sentences - running)
+        with torch.inference_mode():
+            while True:
+                with engine.cond:
+                    while True:
+                        if self.stopped:
+                            return
+                        room = engine.max_sentences - self.running - sum(b[0].size(0) for b in self.ready)
+                        live = self._live() if room > 0 and not self._others_waiting() else 0
+                        wait = JOIN_WAIT_S - (time.monotonic() - self.group.waiting[0][3]) if live else None
+                        if live and (live >= JOIN_FRACTION * self.running or wait <= 0):
+                            src, pad = self._take(room)
+                            self.encoding = src.size(0)
+                            break
+                        engine.cond.wait(wait)
+                try:
+                    cache = encode_batch(engine.translator.model, src, pad)
+                except Exception as exc:  # the search's thread raises it (Engine._run fails the requests)
+                    with engine.cond:
+                        self.error, self.encoding = exc, 0
+                        engine.cond.notify_all()
+                    return
+                with engine.cond:
+                    self.ready.append((src, pad, cache))
+                    self.encoding = 0
+                    engine.cond.notify_all()
+
+    def _check(self, running: int) -> None:
+        """(holding the lock) Raise the encoding's failure; note the running sentences (room for the encoder)."""
+        if self.error is not None:
+            raise self.error
+        if running < self.running:
+            self.engine.cond.notify_all()
+        self.running = running
+
+    def poll(self, running: int):
+        with self.engine.cond:
+            self._check(running)
+            return self.ready.popleft() if self.ready else None
+
+    def close(self) -> None:
+        """The search ended: stop the encoding thread."""
+        with self.engine.cond:
+            self.stopped = True
+            self.engine.cond.notify_all()
+        self.thread.join()
 
     def abandoned(self, sentences: list[int]) -> list[int]:
         engine = self.engine
@@ -257,12 +306,14 @@ class _Feed:
         engine = self.engine
         with engine.cond:
             while True:
-                if self._others_waiting():
-                    return None
-                if self._live():
-                    return self._take(engine.max_sentences)
-                if engine.closing:
-                    return None
+                self._check(0)
+                if self.ready:
+                    return self.ready.popleft()
+                if not self.encoding:
+                    if self._others_waiting():
+                        return None
+                    if not self._live() and engine.closing:
+                        return None
                 engine.cond.wait()
 
     def _live(self) -> int:
@@ -286,7 +337,7 @@ class _Feed:
         taken: list[tuple[Job, int]] = []
         width = 0
         while waiting and len(taken) < max(1, room):
-            _, job, i = waiting[0]
+            _, job, i, _ = waiting[0]
             w = max(width, len(job.sources[i]))
             if taken and w * (len(taken) + 1) > self.engine.max_tokens:
                 break
