@@ -285,6 +285,17 @@ def test_engine_equals_full_recompute(beam, stop, join):
         assert [h.score for h in c] == pytest.approx([h.score for h in f], abs=1e-4)
 
 
+def test_rows_are_padded_by_at_most_an_eighth_and_few_rows_not_at_all():
+    from nmt_cli.model import padded_rows
+
+    assert [padded_rows(r, 32) for r in (1, 4, 12, 15)] == [1, 4, 12, 15]  # one sentence's rows: as they are
+    assert padded_rows(100, 32) == 104 and padded_rows(410, 32) == 416 and padded_rows(800, 32) == 800
+    for rows in range(1, 2000):
+        padded = padded_rows(rows, 32)
+        assert rows <= padded <= rows * 9 / 8 and (rows < 256 or padded % 32 == 0)
+        assert padded_rows(rows, 1) == rows
+
+
 @pytest.mark.parametrize("join,static", [(0.0, False), (1.0, False), (1.0, True)])
 def test_rows_padded_for_the_products_change_nothing(join, static):
     """`row_multiple` pads a step's rows with zero rows (so that oneDNN's products see few shapes): the same

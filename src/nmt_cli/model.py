@@ -85,6 +85,13 @@ def _attn_mask(pad_mask: Tensor | None) -> Tensor | None:
     return None if pad_mask is None else ~pad_mask[:, None, None, :]
 
 
+def padded_rows(rows: int, multiple: int) -> int:
+    """`rows` rounded up to a multiple of `multiple`, or of rows / 8 rounded down to a power of two where that is
+    smaller: at most 1/8 more rows (one sentence's few rows stay as they are), and a few shapes per octave."""
+    step = min(multiple, 1 << max(0, rows.bit_length() - 4))
+    return -(-rows // step) * step
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head scaled dot-product attention through F.scaled_dot_product_attention.
 
@@ -299,7 +306,7 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
         self.output_layer: nn.Module | None = None  # replaces the output projection (int8.py); None: the weights
-        self.row_multiple = 1  # a decoding step pads its rows to a multiple of this (packed.py: oneDNN's products)
+        self.row_multiple = 1  # a decoding step pads its rows towards a multiple of this (`padded_rows`; packed.py)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -371,8 +378,8 @@ class Transformer(nn.Module):
                                    for s in segments])
         x = embedding.forward(tokens) * self.embed_scale + positions.to(embedding.weight.dtype)  # [R, D]
         rows = x.size(0)
-        padded = -(-rows // self.row_multiple) * self.row_multiple
-        if padded != rows:  # rows of zeros, so that the products see few shapes (`row_multiple`)
+        padded = padded_rows(rows, self.row_multiple)
+        if padded != rows:  # rows of zeros, so that the products see few shapes
             x = F.pad(x, (0, 0, 0, padded - rows))
         masks = [s.self_mask() for s in segments]
         for i, layer in enumerate(self.decoder_layers):

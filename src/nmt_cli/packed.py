@@ -13,11 +13,12 @@ like MKL's, summed in another order: they differ from MKL's in the last bits, no
 oneDNN, and torch's ideep layer over it, prepare a kernel with its buffers for every product shape they see (the
 first call of a new shape took 1.5-2x as long as the next ones), and keep up to 1024 shapes each; a decoding step's
 row count changes every step. Unbounded, translating the Multi30k test set 1x, 4x and 16x in one process peaked at
-0.94, 1.47 and 2.19 GB (MKL: 0.56-0.61 GB). So a step's rows are padded to a multiple of ROW_MULTIPLE
-(`Transformer.row_multiple`: at most 31 rows of zeros, ~2% more arithmetic) and `bound_caches()` caps both caches at
-ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per process): the shapes recur and stay
-prepared, 1.03-1.05x faster than every new row count, and memory peaked at 0.73, 0.80 and 0.83 GB. The Translator
-does both for every CPU translation that runs on oneDNN (fp32 here, bf16).
+0.94, 1.47 and 2.19 GB (MKL: 0.56-0.61 GB). So a step's rows are padded with zero rows towards a multiple of
+ROW_MULTIPLE (`Transformer.row_multiple`, `model.padded_rows`: at most 1/8 more rows, none for one sentence's few)
+and `bound_caches()` caps both caches at ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per
+process): the shapes recur and stay prepared, 1.03-1.05x faster than a new row count every step, and memory is
+bounded by the cap (0.74, 0.88 and 1.14 GB for the 1x, 4x and 16x files; a cached output projection holds
+buffers of its rows x vocabulary). The Translator does both for every CPU translation that runs on oneDNN (fp32 here, bf16).
 
 This is an inference-only transformation, as int8.py's: a packed model is never trained or saved.
 """
