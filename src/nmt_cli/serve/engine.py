@@ -242,33 +242,39 @@ class _Feed:
         return any(g.waiting for k, g in self.engine.groups.items() if k != self.key)
 
     def _encode(self) -> None:
-        """The encoding thread: while the search has room, the waiting sentences as one batch, encoded."""
+        """The encoding thread: while the search has room, the waiting sentences as one batch, encoded. A failure
+        is raised in the search's thread at its next look (Engine._run then fails the requests)."""
         engine = self.engine
-        with torch.inference_mode():
+        try:
+            with torch.inference_mode():
+                while self._encode_next():
+                    pass
+        except Exception as exc:
+            with engine.cond:
+                self.error, self.encoding = exc, 0
+                engine.cond.notify_all()
+
+    def _encode_next(self) -> bool:
+        """Wait for sentences to encode and encode them as one batch; False once the feed is closed."""
+        engine = self.engine
+        with engine.cond:
             while True:
-                with engine.cond:
-                    while True:
-                        if self.stopped:
-                            return
-                        room = engine.max_sentences - self.running - sum(b[0].size(0) for b in self.ready)
-                        live = self._live() if room > 0 and not self._others_waiting() else 0
-                        wait = JOIN_WAIT_S - (time.monotonic() - self.group.waiting[0][3]) if live else None
-                        if live and (live >= JOIN_FRACTION * self.running or wait <= 0):
-                            src, pad = self._take(room)
-                            self.encoding = src.size(0)
-                            break
-                        engine.cond.wait(wait)
-                try:
-                    cache = encode_batch(engine.translator.model, src, pad)
-                except Exception as exc:  # the search's thread raises it (Engine._run fails the requests)
-                    with engine.cond:
-                        self.error, self.encoding = exc, 0
-                        engine.cond.notify_all()
-                    return
-                with engine.cond:
-                    self.ready.append((src, pad, cache))
-                    self.encoding = 0
-                    engine.cond.notify_all()
+                if self.stopped:
+                    return False
+                room = engine.max_sentences - self.running - sum(b[0].size(0) for b in self.ready)
+                live = self._live() if room > 0 and not self._others_waiting() else 0
+                wait = JOIN_WAIT_S - (time.monotonic() - self.group.waiting[0][3]) if live else None
+                if live and (live >= JOIN_FRACTION * self.running or wait <= 0):
+                    src, pad = self._take(room)
+                    self.encoding = src.size(0)
+                    break
+                engine.cond.wait(wait)
+        cache = encode_batch(engine.translator.model, src, pad)
+        with engine.cond:
+            self.ready.append((src, pad, cache))
+            self.encoding = 0
+            engine.cond.notify_all()
+        return True
 
     def _check(self, running: int) -> None:
         """(holding the lock) Raise the encoding's failure; note the running sentences (room for the encoder)."""
