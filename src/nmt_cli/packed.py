@@ -35,7 +35,7 @@ from nmt_cli.model import replace_linears
 
 ENV = "NMT_CPU_GEMM"  # mkl | onednn; unset: oneDNN on non-Intel CPUs
 ONEDNN_CACHE = 256  # product shapes oneDNN and ideep each keep prepared (their default, 1024, let memory grow)
-ROW_MULTIPLE = 32  # a decoding step's rows, padded to a multiple of this: oneDNN prepares each product shape it sees
+ROW_MULTIPLE = 32  # a decoding step's rows are padded towards a multiple of this (model.padded_rows): few shapes
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
 
 
