@@ -19,6 +19,14 @@ def tiny_config(vocab_size: int, **overrides) -> ModelConfig:
     return ModelConfig(**base).validate()
 
 
+def tiny_model_and_batch(share: bool) -> tuple[Transformer, torch.Tensor, torch.Tensor]:
+    """A tiny Transformer in eval mode (50-token vocabulary) and a batch of sources [3, 7] and targets [3, 5], seeded:
+    what the inference-only transformations (int8.py, packed.py) are checked against."""
+    torch.manual_seed(1)
+    model = Transformer(tiny_config(50, share_embeddings=share)).eval()
+    return model, torch.randint(4, 50, (3, 7)), torch.randint(4, 50, (3, 5))
+
+
 def make_checkpoint(path: Path, tokenizer_bytes: bytes, seed: int = 0, **overrides) -> Path:
     """Save a random tiny Transformer with `tokenizer_bytes` as an nmt checkpoint at `path`."""
     torch.manual_seed(seed)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from helpers_translate import make_checkpoint, tiny_config
+from helpers_translate import make_checkpoint, tiny_config, tiny_model_and_batch
 from nmt_cli import int8 as int8_module
 from nmt_cli.errors import DeviceError
 from nmt_cli.int8 import Int8Linear, quantize_int8
@@ -41,10 +41,7 @@ def test_int8_linear_matches_float_linear(bias):
 
 @pytest.mark.parametrize("share", [True, False])
 def test_quantized_transformer_gives_the_float_distribution(share):
-    torch.manual_seed(1)
-    model = Transformer(tiny_config(50, share_embeddings=share)).eval()
-    src = torch.randint(4, 50, (3, 7))
-    tgt = torch.randint(4, 50, (3, 5))
+    model, src, tgt = tiny_model_and_batch(share)
     with torch.inference_mode():
         reference = model(src, tgt).log_softmax(-1)
         quantize_int8(model)

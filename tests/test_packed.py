@@ -9,10 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from helpers_translate import make_checkpoint, tiny_config
+from helpers_translate import make_checkpoint, tiny_model_and_batch
 from nmt_cli import packed
 from nmt_cli.errors import ConfigError
-from nmt_cli.model import Transformer
 from nmt_cli.packed import PackedLinear, pack_linears, use_packed
 from nmt_cli.search import SearchConfig
 from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
@@ -37,10 +36,7 @@ def test_packed_linear_is_the_float32_product(bias, relu):
 
 @pytest.mark.parametrize("share", [True, False])
 def test_packed_transformer_gives_the_same_logits_and_translations(share):
-    torch.manual_seed(1)
-    model = Transformer(tiny_config(50, share_embeddings=share)).eval()
-    src = torch.randint(4, 50, (3, 7))
-    tgt = torch.randint(4, 50, (3, 5))
+    model, src, tgt = tiny_model_and_batch(share)
     from nmt_cli.decoding import beam_search
 
     cfg = SearchConfig(beam=4, max_len_a=1.0, max_len_b=5)
