@@ -13,7 +13,7 @@ import pytest
 from nmt_cli.data import corpora
 from nmt_cli.data.prepare import PrepareOptions, prepare
 from nmt_cli.data.store import MANIFEST, ParallelData, load_manifest
-from nmt_cli.data.tokenizer import Tokenizer
+from nmt_cli.data.tokenizer import FEW_LINES, Tokenizer
 from nmt_cli.errors import ConfigError, DataError
 
 SMALL = {"train": 1500, "valid": 60, "test": 60}
@@ -63,6 +63,17 @@ def test_binarized_ids_decode_to_the_raw_text(sample_dir):
         assert tok.decode([s.tolist()]) == [en[i]]
         assert tok.decode([t.tolist()]) == [de[i]]
     assert 2 not in data[0][0] and 3 not in data[0][0]  # no BOS/EOS on disk
+
+
+def test_a_few_lines_are_cut_as_a_batch_would_cut_them(sample_dir):
+    """Fewer than FEW_LINES lines go through sentencepiece one at a time (a server's requests), more as a batch:
+    the same ids and the same text either way."""
+    tok = Tokenizer.from_file(sample_dir / "spm.model")
+    en = (sample_dir / "raw" / "valid.en").read_text().splitlines()[: 4 * FEW_LINES]
+    assert len(en) > FEW_LINES
+    ids = tok.encode(en)
+    assert [tok.encode([line])[0] for line in en] == ids
+    assert [tok.decode([seq])[0] for seq in ids] == tok.decode(ids) == en
 
 
 def test_rerun_reuses_steps_and_force_redoes_them(tmp_path):
