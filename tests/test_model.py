@@ -187,6 +187,41 @@ def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody
     torch.testing.assert_close(out, model(src[2:, :5], tgt[2:, :5], mask[2:, :5])[:, 4], atol=1e-5, rtol=1e-5)
 
 
+def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_the_room():
+    """When sentences leave, the kept ones past the kept count fill the holes (`order`) and nothing else of the
+    encoder-decoder keys and values moves (same buffer); a merged join writes into the room left (by the sentence
+    that left, then by a new buffer's spare room). Every step still equals the full forward pass."""
+    model = tiny_model()
+    src, tgt = batch(b=7, t=8)
+    src[2, 4:] = 0
+    mask = src.eq(0)
+    cache = model.init_cache(model.encode(src[:4], mask[:4]), mask[:4])
+    _steps(model, cache, tgt[:4, :2])
+    keep = cache.order([0, 2, 3])
+    assert keep == [0, 3, 2]  # sentence 3 fills sentence 1's hole
+    seg = cache.segments[0]
+    address = seg.cross.data_ptr()
+    cache.reorder(torch.tensor(keep), keep=keep)
+    assert seg.cross.data_ptr() == address and seg.cross.size(2) == 3
+    out = model.step(tgt[keep, 2], cache)
+    torch.testing.assert_close(out, model(src[keep], tgt[keep, :3], mask[keep])[:, 2], atol=1e-5, rtol=1e-5)
+
+    rows, moved = keep, []
+    for joining in (4, 5, 6):  # one sentence joins, merges (its first step inside the running segment), steps
+        one = slice(joining, joining + 1)
+        cache.join(model.init_cache(model.encode(src[one], mask[one]), mask[one]))
+        cache.repeat_beams(1, newest=True)
+        assert len(cache.segments) == 1
+        moved.append(seg.cross.data_ptr() != address)
+        address = seg.cross.data_ptr()
+        rows = rows + [joining]
+        out = model.step(torch.stack([tgt[r, seg.length - o] for r, o in zip(rows, seg.offsets, strict=True)]), cache)
+    assert moved == [False, True, False]  # the leaver's slot; a new buffer with room; that room
+    torch.testing.assert_close(out[-3], model(src[4:5], tgt[4:5, :3], mask[4:5])[0, 2], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[-1], model(src[6:7], tgt[6:7, :1], mask[6:7])[0, 0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[0], model(src[:1], tgt[:1, :6], mask[:1])[0, 5], atol=1e-5, rtol=1e-5)
+
+
 def test_the_static_step_compiles_as_one_graph():
     """What a CUDA graph capture needs: torch.compile(fullgraph=True) traces the static step whole (a graph break
     would raise), and its logits equal the eager step's."""

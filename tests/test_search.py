@@ -44,6 +44,9 @@ class ScriptedCache:
         self.newest = len(other.rows_)
         return self
 
+    def order(self, keep: list[int]) -> list[int]:
+        return keep[::-1]  # any order of the kept sentences must do: this one reverses them
+
 
 class ScriptedModel:
     """A decoder whose next-token probabilities are given by hand: script[(source id, prefix)] = {token: p}.
@@ -246,6 +249,9 @@ class FullCache:
 
     def merges_on_join(self, beams: int) -> bool:
         return False  # joined rows take their first step one row a sentence
+
+    def order(self, keep: list[int]) -> list[int]:
+        return keep[::-1]  # any order of the kept sentences must do: this one reverses them
 
 
 class FullRecompute:

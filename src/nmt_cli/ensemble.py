@@ -31,6 +31,9 @@ class EnsembleCache:
         self.caches = [c.join(o) for c, o in zip(self.caches, other.caches, strict=True)]
         return self
 
+    def order(self, keep: list[int]) -> list[int]:
+        return self.caches[0].order(keep)  # the members' caches have the same segments
+
     def merges_on_join(self, beams: int) -> bool:
         return all(c.merges_on_join(beams) for c in self.caches)  # the members' caches have the same shapes
 

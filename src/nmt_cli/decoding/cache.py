@@ -28,6 +28,12 @@ times its rows is at most MERGE_COLUMNS), so a step runs attention once per laye
 row's newest position is the same buffer column, and a sentence that has decoded fewer positions starts later,
 `offsets[n]` columns in (zeros there, masked). Sources are padded to the longest. When the sentences that started
 first leave, the columns no row reads any more are dropped by the next reorder's gather.
+
+Sentences that leave do not move the others' encoder-decoder keys and values: the sentences past the kept count fill
+the holes (`order`), so only they are copied, and the view shrinks. A merge writes the joining sentences' keys and
+values after the running ones, into room left in the same buffer (made with half as many sentences again to spare,
+and sources rounded up to CROSS_SOURCES): in a server, where a few sentences leave and join every few steps, these
+copies of every running sentence took ~9% of the decoding thread (py-spy).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # run: docs/results-history.md#continuous-batching-machine-d-ninth-session).
 MERGE_GAP = 8
 MERGE_COLUMNS = 4096
+CROSS_SOURCES = 16  # a merged segment's room for sources: their count rounded up to a multiple of this
 
 
 class Cache(Protocol):
@@ -54,8 +61,8 @@ class Cache(Protocol):
 
     def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
         """The new rows are old rows `rows` [R']. `keep` None: every row keeps its sentence (beams move within their
-        sentences). Else the sentences kept (ascending indices over all segments), `rows` sentence-major over
-        them, `beams` rows each."""
+        sentences). Else the sentences kept (indices over all segments, in the order of `order`), `rows`
+        sentence-major over them, `beams` rows each."""
 
     def repeat_beams(self, k: int, newest: bool = False) -> None:
         """Each row becomes k consecutive rows (of the same sentence); `newest`: only the segment that joined last."""
@@ -67,12 +74,17 @@ class Cache(Protocol):
         """Whether the rows that joined last, before their first step, become part of the running rows' cache
         once they are `beams` a sentence (then the search repeats them first and decodes all rows as one)."""
 
+    def order(self, keep: list[int]) -> list[int]:
+        """The sentences `keep` (ascending) in the order they take when the others leave (a permutation of it: the
+        one that moves the least; `reorder`'s `keep` is then in this order)."""
+
 
 class Segment:
     """One batch's rows in the cache (see the module docstring). cross [L, 2, N, H, S, K], src_pad [N, S] or None."""
 
     def __init__(self, cross: Tensor, src_pad: Tensor | None, static: bool):
         self.cross = cross
+        self._room = cross  # the buffer `cross` is the leading [:, :, :N, :, :S] part of (room to join into)
         self.static = static
         self.beams = 1
         self.length = 0  # positions decoded (host)
@@ -188,7 +200,7 @@ class Segment:
         the same on the host. Merged rows: the columns no kept row reads any more are dropped."""
         drop = 0
         if sentences is not None:
-            self.cross = self.cross.index_select(2, sentences)
+            self._keep_cross(sentences, kept)
             self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
             if self.offsets is not None:
                 offsets = [self.offsets[i] for i in (kept if kept is not None else sentences.tolist())]
@@ -238,13 +250,39 @@ class Segment:
             pad = None
         else:
             pad = torch.cat([_source_pad(self, sources), _source_pad(other, sources)])
-        self.cross = torch.cat([_pad_dim(self.cross, 4, sources), _pad_dim(other.cross, 4, sources)], dim=2)
+        self._join_cross(other.cross, sources)
         self._set_pad(pad)
         self.kv = target
         self.length = length
         self.pos.fill_(length)
         self.offsets = offsets if any(offsets) else None
         self._row_start = None
+
+    def _keep_cross(self, sentences: Tensor, kept: list[int] | None) -> None:
+        """Keep the encoder-decoder keys and values of `sentences` (their host list `kept`): in place when only
+        sentences from past the kept count fill holes (`order`), else by a gather."""
+        n = len(kept) if kept is not None else -1
+        if n < 0 or any(k != i and k < n for i, k in enumerate(kept)):
+            self.cross = self._room = self.cross.index_select(2, sentences)
+            return
+        for i, k in enumerate(kept):
+            if k != i:  # one copy a hole: 3x faster than index_copy_ for the one or two of a server's step
+                self.cross[:, :, i].copy_(self.cross[:, :, k])
+        self.cross = self.cross.narrow(2, 0, n)
+
+    def _join_cross(self, other: Tensor, sources: int) -> None:
+        """Append `other`'s encoder-decoder keys and values [L, 2, n, H, s, K] after this segment's sentences, both
+        read over `sources` source positions (the columns past a sentence's own are masked by the padding mask):
+        into the buffer's room where there is enough, else into a new buffer with room to spare."""
+        n, m = self.sentences, other.size(2)
+        room = self._room
+        if room.size(2) < n + m or room.size(4) < sources:
+            shape = list(room.shape)
+            shape[2], shape[4] = n + m + (n + m) // 2, -(-sources // CROSS_SOURCES) * CROSS_SOURCES
+            room = self.cross.new_zeros(shape)  # zeros: columns never written are masked, and must not be NaN
+            room[:, :, :n, :, : self.cross.size(4)] = self.cross
+        room[:, :, n : n + m, :, : other.size(4)] = other
+        self._room, self.cross = room, room[:, :, : n + m, :, :sources]
 
     def repeat_beams(self, k: int) -> None:
         if k == 1:
@@ -310,6 +348,14 @@ class DecoderCache:
         self.segments += other.segments
         return self
 
+    def order(self, keep: list[int]) -> list[int]:
+        out, first = [], 0
+        for seg in self.segments:
+            n = seg.sentences
+            out += [first + i for i in _fill_holes([i - first for i in keep if first <= i < first + n])]
+            first += n
+        return out
+
     def merges_on_join(self, beams: int) -> bool:
         """Whether the segment that joined last (no step taken yet) merges into the one before it once it has
         `beams` rows a sentence: then it takes its first step there (`repeat_beams(beams, newest=True)` first)."""
@@ -340,13 +386,13 @@ def _mergeable(before: Segment, length: int, rows: int, beams: int) -> bool:
     return gap <= MERGE_GAP or gap * rows <= MERGE_COLUMNS
 
 
-def _pad_dim(x: Tensor, dim: int, size: int) -> Tensor:
-    """x with zeros appended along `dim` up to `size`."""
-    if x.size(dim) == size:
-        return x
-    shape = list(x.shape)
-    shape[dim] = size - x.size(dim)
-    return torch.cat([x, x.new_zeros(shape)], dim=dim)
+def _fill_holes(kept: list[int]) -> list[int]:
+    """Sentences `kept` (ascending) in the order that moves the fewest: those past the first len(kept) positions
+    fill the holes before it, in order; the others stay where they are."""
+    n = len(kept)
+    tail = iter(k for k in kept if k >= n)
+    stay = {k for k in kept if k < n}
+    return [i if i in stay else next(tail) for i in range(n)]
 
 
 def _source_pad(seg: Segment, sources: int) -> Tensor:
