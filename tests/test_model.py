@@ -222,6 +222,24 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
     torch.testing.assert_close(out[0], model(src[:1], tgt[:1, :6], mask[:1])[0, 5], atol=1e-5, rtol=1e-5)
 
 
+def test_when_the_longest_sources_leave_the_rest_read_only_their_own():
+    """A segment's kept sentences read the source positions the longest of them has, not those of sentences that
+    left (a view, nothing copied), with steps equal to the full forward pass."""
+    model = tiny_model()
+    src, tgt = batch(b=3, t=5)
+    src[1:, 3:] = 0
+    mask = src.eq(0)
+    cache = model.init_cache(model.encode(src, mask), mask)
+    _steps(model, cache, tgt[:, :2])
+    seg = cache.segments[0]
+    assert seg.cross.size(4) == src.size(1)
+    keep = cache.order([1, 2])
+    cache.reorder(torch.tensor(keep), keep=keep)
+    assert seg.cross.size(4) == 3 and seg.src_pad.shape == (2, 3)
+    out = model.step(tgt[keep, 2], cache)
+    torch.testing.assert_close(out, model(src[keep, :3], tgt[keep, :3], mask[keep, :3])[:, 2], atol=1e-5, rtol=1e-5)
+
+
 def test_the_static_step_compiles_as_one_graph():
     """What a CUDA graph capture needs: torch.compile(fullgraph=True) traces the static step whole (a graph break
     would raise), and its logits equal the eager step's."""

@@ -30,7 +30,9 @@ row's newest position is the same buffer column, and a sentence that has decoded
 first leave, the columns no row reads any more are dropped by the next reorder's gather.
 
 Sentences that leave do not move the others' encoder-decoder keys and values: the sentences past the kept count fill
-the holes (`order`), so only they are copied, and the view shrinks. A merge writes the joining sentences' keys and
+the holes (`order`), so only they are copied, and the view shrinks, to the sources the kept sentences have too (a
+server's segment lives as long as the load: it would otherwise read as many source positions as the longest
+sentence it ever held). A merge writes the joining sentences' keys and
 values after the running ones, into room left in the same buffer (made with half as many sentences again to spare,
 and sources rounded up to CROSS_SOURCES): in a server, where a few sentences leave and join every few steps, these
 copies of every running sentence took ~9% of the decoding thread (py-spy).
@@ -201,7 +203,12 @@ class Segment:
         drop = 0
         if sentences is not None:
             self._keep_cross(sentences, kept)
-            self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
+            pad = None if self.src_pad is None else self.src_pad.index_select(0, sentences)
+            if pad is not None and not self.static:  # read only the sources the kept sentences have (a view)
+                used = int(pad.logical_not().sum(1).max())
+                if used < self.cross.size(4):
+                    self.cross, pad = self.cross.narrow(4, 0, used), pad[:, :used]
+            self._set_pad(pad)
             if self.offsets is not None:
                 offsets = [self.offsets[i] for i in (kept if kept is not None else sentences.tolist())]
                 drop = min(offsets)
