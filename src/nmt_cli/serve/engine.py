@@ -77,6 +77,13 @@ class _Group:
     def __init__(self, cfg: SearchConfig, generator: torch.Generator | None):
         self.cfg, self.generator = cfg, generator
         self.waiting: deque[tuple[int, Job, int, float]] = deque()  # (arrival number, job, index, arrival time)
+        self.running = 0  # sentences its search decodes (as its feed last saw them)
+
+    def worth_encoding(self) -> bool:
+        """Whether the waiting sentences are enough to encode as a batch now (JOIN_FRACTION; the time limit aside):
+        the encoding thread is woken only then, not at every request or step (each wake-up takes the GIL from the
+        search)."""
+        return len(self.waiting) >= JOIN_FRACTION * self.running
 
 
 class Engine:
@@ -145,9 +152,11 @@ class Engine:
                 if group is None:
                     group = self.groups[key] = _Group(cfg, generator)
                 now = time.monotonic()
+                first = not group.waiting  # the encoding thread's time limit starts with it
                 group.waiting.extend((next(self.arrivals), job, i, now) for i in todo)
                 self.queued += len(todo)
-                self.cond.notify_all()
+                if first or group.worth_encoding():
+                    self.cond.notify_all()
         if not todo:
             on_finish(job)
         return job
@@ -280,9 +289,12 @@ class _Feed:
         """(holding the lock) Raise the encoding's failure; note the running sentences (room for the encoder)."""
         if self.error is not None:
             raise self.error
-        if running < self.running:
-            self.engine.cond.notify_all()
-        self.running = running
+        if running < self.running and self.group.waiting:
+            full = self.running + sum(b[0].size(0) for b in self.ready) >= self.engine.max_sentences
+            self.group.running = running
+            if full or self.group.worth_encoding():  # room again, or enough waiting now
+                self.engine.cond.notify_all()
+        self.running = self.group.running = running
 
     def poll(self, running: int):
         with self.engine.cond:
