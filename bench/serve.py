@@ -1,7 +1,7 @@
 """Loopback load test of `nmt serve` beside `nmt translate` on the same file, in the same run.
 
   python bench/serve.py --checkpoint runs/multi30k/run/averaged.pt [--input ../shared/data/multi30k/test.en]
-      [--clients 8 32 128] [--threads 1] [--beam 4]
+      [--clients 8 32 128] [--threads 1] [--beam 4] [--rounds 3]
 
 1. offline: the file through the same code as `nmt translate` (Translator + translate_stream, model load excluded),
    with --threads threads;
@@ -10,6 +10,8 @@
    of the file, one sentence a request, until all are sent; sentences/s over the wall time, p50 and p99 request latency, failures,
    how many answers equal the offline translation, and the server's CPU time a sentence (beside offline's: on a
    shared machine, CPU time moves less than wall time).
+4. steps 1 and 3 again, --rounds times in all (the server keeps running): each round's ratio is against its own
+   offline run, and the median over the rounds is printed last (a shared machine's speed drifts between runs).
 Bounded: every response must come within 120 s and the server is stopped (SIGTERM) at the end, whatever happens.
 """
 
@@ -137,32 +139,45 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--limit", type=int, default=None, help="only the first N lines")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="offline and server runs in turn this many times (the machine's speed drifts)")
     a = ap.parse_args()
     TARGET = a.target
     lines = Path(a.input).read_text(encoding="utf-8").splitlines()[: a.limit]
     options = {"beam": a.beam}
-    print(f"input: {a.input} ({len(lines)} lines), checkpoint {a.checkpoint}, beam {a.beam}, {a.threads} thread(s)")
-    seconds, cpu, reference = offline(a.checkpoint, lines, a.threads, options)
-    base = len(lines) / seconds
-    print(f"offline (nmt translate's code, load excluded): {seconds:.2f} s, {base:.1f} sentences/s, "
-          f"{1000 * cpu / len(lines):.2f} CPU ms a sentence")
+    print(f"input: {a.input} ({len(lines)} lines), checkpoint {a.checkpoint}, beam {a.beam}, {a.threads} thread(s), "
+          f"{a.rounds} round(s)")
     proc, url = start_server(a.checkpoint, a.threads, options, queue=max(1024, max(a.clients) * 2))
+    ratios: dict[int, list[float]] = {c: [] for c in a.clients}
     try:
-        print(f"{'clients':>7} {'sent/s':>8} {'x offline':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
-              f"{'= offline':>9} {'CPU ms/sent':>11}   offline, <= C sentences a batch: sent/s, CPU ms/sent")
-        for c in a.clients:
-            # C clients never have more than C sentences in flight: offline batches of at most C sentences (the
-            # same continuous batching), measured right before, for comparison
-            capped, capped_cpu, _ = offline(a.checkpoint, lines, a.threads, {**options, "max_sentences": c})
-            before = cpu_seconds(proc.pid)
-            wall, lat, answers, failures = asyncio.run(load(url, lines, c))
-            used = cpu_seconds(proc.pid) - before
-            ok = sum(1 for x in answers if x is not None)
-            same = sum(1 for x, y in zip(answers, reference, strict=True) if x == y)
-            q = statistics.quantiles(lat, n=100)
-            print(f"{c:>7} {ok / wall:>8.1f} {ok / wall / base:>9.2f} {q[49] * 1000:>8.0f} {q[98] * 1000:>8.0f} "
-                  f"{len(lines) - ok:>6} {same:>5}/{len(lines)} {1000 * used / len(lines):>11.2f}   "
-                  f"{len(lines) / capped:.1f}, {1000 * capped_cpu / len(lines):.2f}", flush=True)
+        reference = None
+        for r in range(1, a.rounds + 1):
+            seconds, cpu, translations = offline(a.checkpoint, lines, a.threads, options)
+            reference = reference or translations
+            base = len(lines) / seconds
+            print(f"round {r}: offline (nmt translate's code, load excluded): {seconds:.2f} s, {base:.1f} "
+                  f"sentences/s, {1000 * cpu / len(lines):.2f} CPU ms a sentence")
+            print(f"{'clients':>7} {'sent/s':>8} {'x offline':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
+                  f"{'= offline':>9} {'CPU ms/sent':>11}   offline, <= C sentences a batch: sent/s, CPU ms/sent")
+            for c in a.clients:
+                # C clients never have more than C sentences in flight: offline batches of at most C sentences
+                # (the same continuous batching), measured right before, for comparison
+                capped, capped_cpu, _ = offline(a.checkpoint, lines, a.threads, {**options, "max_sentences": c})
+                before = cpu_seconds(proc.pid)
+                wall, lat, answers, failures = asyncio.run(load(url, lines, c))
+                used = cpu_seconds(proc.pid) - before
+                ok = sum(1 for x in answers if x is not None)
+                same = sum(1 for x, y in zip(answers, reference, strict=True) if x == y)
+                q = statistics.quantiles(lat, n=100)
+                ratios[c].append(ok / wall / base)
+                print(f"{c:>7} {ok / wall:>8.1f} {ok / wall / base:>9.2f} {q[49] * 1000:>8.0f} "
+                      f"{q[98] * 1000:>8.0f} {len(lines) - ok:>6} {same:>5}/{len(lines)} "
+                      f"{1000 * used / len(lines):>11.2f}   {len(lines) / capped:.1f}, "
+                      f"{1000 * capped_cpu / len(lines):.2f}", flush=True)
+        if a.rounds > 1:
+            print("x offline over the rounds (each against its own round's offline run): "
+                  + "; ".join(f"{c} clients median {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
+                              for c, v in ratios.items()))
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
