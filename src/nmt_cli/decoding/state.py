@@ -100,8 +100,8 @@ class SearchState:
         self.ids += list(range(first_id, first_id + batch))
 
     def keep(self, keep: list[int], tokens: bool = True) -> Tensor:
-        """Keep sentences `keep` (indices, in the order they take), and their rows; the others have left. -> the kept rows [N'*per].
-        `tokens` False: leave `tokens` to the caller (beam search gathers the rows it continues)."""
+        """Keep sentences `keep` (indices, in the order they take), and their rows; the others have left. -> the
+        kept rows [N'*per]. `tokens` False: leave `tokens` to the caller (beam search gathers the rows it continues)."""
         index = torch.tensor(keep, device=self.tokens.device)
         rows = (index.unsqueeze(1) * self.per + torch.arange(self.per, device=index.device)).view(-1)
         if tokens:
