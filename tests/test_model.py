@@ -190,7 +190,9 @@ def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody
 def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_the_room():
     """When sentences leave, the kept ones past the kept count fill the holes (`order`) and nothing else of the
     encoder-decoder keys and values moves (same buffer); a merged join writes into the room left (by the sentence
-    that left, then by a new buffer's spare room). Every step still equals the full forward pass."""
+    that left, then by a new buffer's spare room). The self-attention keys and values likewise: a merge that copies
+    the running rows leaves as many rows spare as it added, and the next join of that size writes into them. Every
+    step still equals the full forward pass."""
     model = tiny_model()
     src, tgt = batch(b=7, t=8)
     src[2, 4:] = 0
@@ -206,17 +208,22 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
     out = model.step(tgt[keep, 2], cache)
     torch.testing.assert_close(out, model(src[keep], tgt[keep, :3], mask[keep])[:, 2], atol=1e-5, rtol=1e-5)
 
-    rows, moved = keep, []
+    rows, moved, kv_moved = keep, [], []
     for joining in (4, 5, 6):  # one sentence joins, merges (its first step inside the running segment), steps
         one = slice(joining, joining + 1)
+        kv_address = seg.kv[0].data_ptr()
         cache.join(model.init_cache(model.encode(src[one], mask[one]), mask[one]))
         cache.repeat_beams(1, newest=True)
         assert len(cache.segments) == 1
         moved.append(seg.cross.data_ptr() != address)
+        kv_moved.append(seg.kv[0].data_ptr() != kv_address)
         address = seg.cross.data_ptr()
         rows = rows + [joining]
         out = model.step(torch.stack([tgt[r, seg.length - o] for r, o in zip(rows, seg.offsets, strict=True)]), cache)
     assert moved == [False, True, False]  # the leaver's slot; a new buffer with room; that room
+    assert kv_moved == [True, False, False]  # copied, one row left spare; that row; the spare row of the buffer the
+    # steps grew since
+    assert seg.spare_rows == 1
     torch.testing.assert_close(out[-3], model(src[4:5], tgt[4:5, :3], mask[4:5])[0, 2], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[-1], model(src[6:7], tgt[6:7, :1], mask[6:7])[0, 0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[0], model(src[:1], tgt[:1, :6], mask[:1])[0, 5], atol=1e-5, rtol=1e-5)
