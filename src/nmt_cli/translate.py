@@ -212,8 +212,9 @@ class Translator:
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
         if self.device.type == "cpu":
-            from nmt_cli import packed
+            from nmt_cli import allocator, packed
 
+            allocator.keep_freed_memory()  # fewer page faults a step (allocator.py)
             onednn = precision == "fp32" and packed.use_packed()  # oneDNN's float32 products, not MKL's (packed.py)
             if onednn or self.dtype == torch.bfloat16:  # products through oneDNN
                 packed.bound_caches()  # its memory, bounded

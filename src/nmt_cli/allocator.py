@@ -1,0 +1,59 @@
+"""glibc's malloc, set for CPU decoding: keep freed memory for the next step instead of giving it back to the system.
+
+A decoding step allocates and frees tensors of megabytes (logits of rows x vocabulary, cache buffers), and glibc by
+default maps blocks above a threshold afresh each time and returns the top of its heap once 128 KB of it is free
+(both thresholds adapt, slowly): each time the memory comes back, the kernel hands out zeroed pages again, one fault
+a 4 KB page. Translating the Multi30k test set (1000 lines, small model, 2 threads) took ~150,000-190,000 page
+faults and 0.3-0.37 s of system time on the first pass over it (a fresh process: what `nmt translate` runs), against
+~25,000 and 0.06 s on later passes. With blocks up to 32 MB taken from the heap, 1 GB free before it is trimmed and
+128 MB of padding on each growth: ~100,000 faults and 0.18 s on the first pass, which took 2.53-2.84 s against
+2.81-2.95 s, and `nmt translate` on that file ran in 0.98x the wall time (`farm-bench`, 10 runs in turn, AMD EPYC,
+2 cores; 0.97x with the same settings from the environment at start), peak memory 760 against 735 MB. What the
+memory reaches stays the process's (the peak of a long-running `nmt serve`, too), as with PyTorch's own caching
+allocator on GPUs.
+
+`keep_freed_memory()` sets these once per process through `mallopt` where the C library is glibc; a setting given in
+the environment (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`, `MALLOC_TOP_PAD_`: glibc reads them at start)
+is left as it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+# mallopt parameters (glibc's malloc.h), the environment variable that sets each, and nmt's value
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+SETTINGS = (
+    (M_MMAP_THRESHOLD, "MALLOC_MMAP_THRESHOLD_", 32 << 20),  # glibc's largest on 64-bit systems
+    (M_TRIM_THRESHOLD, "MALLOC_TRIM_THRESHOLD_", 1 << 30),
+    (M_TOP_PAD, "MALLOC_TOP_PAD_", 128 << 20),
+)
+_applied: list[str] | None = None
+
+
+def keep_freed_memory() -> list[str]:
+    """Set glibc's malloc as the module docstring says (once per process); -> the environment names of the settings
+    made now or before ([] where the C library is not glibc)."""
+    global _applied
+    if _applied is None:
+        _applied = []
+        libc = _glibc()
+        if libc is not None:
+            for param, env, value in SETTINGS:
+                if env not in os.environ and libc.mallopt(param, value) == 1:
+                    _applied.append(env)
+    return list(_applied)
+
+
+def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 (glibc only)
+        libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    except (OSError, AttributeError):
+        return None
+    return libc
