@@ -231,7 +231,8 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
 
 def test_when_the_longest_sources_leave_the_rest_read_only_their_own():
     """A segment's kept sentences read the source positions the longest of them has, not those of sentences that
-    left (a view, nothing copied), with steps equal to the full forward pass."""
+    left (a view, nothing copied), with steps equal to the full forward pass; a buffer more than 4x what its kept
+    sentences read is compacted."""
     model = tiny_model()
     src, tgt = batch(b=3, t=5)
     src[1:, 3:] = 0
@@ -245,6 +246,14 @@ def test_when_the_longest_sources_leave_the_rest_read_only_their_own():
     assert seg.cross.size(4) == 3 and seg.src_pad.shape == (2, 3)
     out = model.step(tgt[keep, 2], cache)
     torch.testing.assert_close(out, model(src[keep, :3], tgt[keep, :3], mask[keep, :3])[:, 2], atol=1e-5, rtol=1e-5)
+    room = seg._room.new_zeros(seg._room.shape[:2] + (8,) + seg._room.shape[3:])  # as if a burst of joins had
+    room[:, :, :2, :, :3] = seg.cross  # made room for 8 sentences
+    seg._room, seg.cross = room, room[:, :, :2, :, :3]
+    cache.reorder(torch.tensor([1]), keep=cache.order([1]))  # 1 sentence x 3 sources of 8 x 5: compacted
+    assert seg._room.shape[2] == 1 and seg.cross.shape[4] == 3
+    last = keep[1:]  # the sentence kept
+    out = model.step(tgt[last, 3], cache)
+    torch.testing.assert_close(out, model(src[last, :3], tgt[last, :4], mask[last, :3])[:, 3], atol=1e-5, rtol=1e-5)
 
 
 def test_the_static_step_compiles_as_one_graph():

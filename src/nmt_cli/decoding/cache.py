@@ -277,9 +277,12 @@ class Segment:
 
     def _keep_cross(self, sentences: Tensor, kept: list[int] | None) -> None:
         """Keep the encoder-decoder keys and values of `sentences` (their host list `kept`): in place when only
-        sentences from past the kept count fill holes (`order`), else by a gather."""
+        sentences from past the kept count fill holes (`order`), else by a gather; by a gather too when the buffer
+        holds more than 4x what the kept sentences read (a burst of long sentences does not pin its memory for as
+        long as a server's segment lives)."""
         n = len(kept) if kept is not None else -1
-        if n < 0 or any(k != i and k < n for i, k in enumerate(kept)):
+        if (n < 0 or any(k != i and k < n for i, k in enumerate(kept))
+                or 4 * n * self.cross.size(4) < self._room.size(2) * self._room.size(4)):
             self.cross = self._room = self.cross.index_select(2, sentences)
             return
         for i, k in enumerate(kept):
