@@ -229,31 +229,24 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
     torch.testing.assert_close(out[0], model(src[:1], tgt[:1, :6], mask[:1])[0, 5], atol=1e-5, rtol=1e-5)
 
 
-def test_when_the_longest_sources_leave_the_rest_read_only_their_own():
-    """A segment's kept sentences read the source positions the longest of them has, not those of sentences that
-    left (a view, nothing copied), with steps equal to the full forward pass; a buffer more than 4x what its kept
-    sentences read is compacted."""
+def test_a_buffer_far_larger_than_its_kept_sentences_read_is_compacted():
+    """When sentences leave and the encoder-decoder buffer holds more than 4x what the kept ones read (room a burst
+    of joins made), it is gathered into one of their size; steps still equal the full forward pass."""
     model = tiny_model()
     src, tgt = batch(b=3, t=5)
     src[1:, 3:] = 0
     mask = src.eq(0)
     cache = model.init_cache(model.encode(src, mask), mask)
-    _steps(model, cache, tgt[:, :2])
+    _steps(model, cache, tgt[:, :3])
     seg = cache.segments[0]
-    assert seg.cross.size(4) == src.size(1)
-    keep = cache.order([1, 2])
-    cache.reorder(torch.tensor(keep), keep=keep)
-    assert seg.cross.size(4) == 3 and seg.src_pad.shape == (2, 3)
-    out = model.step(tgt[keep, 2], cache)
-    torch.testing.assert_close(out, model(src[keep, :3], tgt[keep, :3], mask[keep, :3])[:, 2], atol=1e-5, rtol=1e-5)
-    room = seg._room.new_zeros(seg._room.shape[:2] + (8,) + seg._room.shape[3:])  # as if a burst of joins had
-    room[:, :, :2, :, :3] = seg.cross  # made room for 8 sentences
-    seg._room, seg.cross = room, room[:, :, :2, :, :3]
-    cache.reorder(torch.tensor([1]), keep=cache.order([1]))  # 1 sentence x 3 sources of 8 x 5: compacted
-    assert seg._room.shape[2] == 1 and seg.cross.shape[4] == 3
-    last = keep[1:]  # the sentence kept
-    out = model.step(tgt[last, 3], cache)
-    torch.testing.assert_close(out, model(src[last, :3], tgt[last, :4], mask[last, :3])[:, 3], atol=1e-5, rtol=1e-5)
+    room = seg._room.new_zeros(seg._room.shape[:2] + (12,) + seg._room.shape[3:])  # as if a burst of joins had
+    room[:, :, :3] = seg.cross  # made room for 12 sentences
+    seg._room, seg.cross = room, room[:, :, :3]
+    keep = cache.order([0, 2])
+    cache.reorder(torch.tensor(keep), keep=keep)  # 2 sentences of 12: more than 4x, compacted
+    assert seg._room.shape[2] == 2 and seg.cross.shape == seg._room.shape
+    out = model.step(tgt[keep, 3], cache)
+    torch.testing.assert_close(out, model(src[keep], tgt[keep, :4], mask[keep])[:, 3], atol=1e-5, rtol=1e-5)
 
 
 def test_the_static_step_compiles_as_one_graph():

@@ -548,3 +548,18 @@ def test_a_live_feed_gives_what_the_batches_give(options, monkeypatch):
     assert sorted(done) == sorted(set(range(24)) - feed.gone)
     for i in done:
         assert [h.tokens for h in done[i]] == [h.tokens for h in alone[i]]
+
+
+def test_sampling_keeps_the_sentences_order_and_beam_search_takes_the_caches(monkeypatch):
+    """Sampling's draws go to rows in order, so when sentences leave the others keep their order (a seed draws what
+    it drew before); beam search lets the cache choose the order that moves it least (`Cache.order`)."""
+    model = tiny()
+    src, mask, _ = mixed_batch(6)
+    asked = []
+    real = DecoderCache.order
+    monkeypatch.setattr(DecoderCache, "order", lambda self, keep: asked.append(keep) or real(self, keep))
+    cfg = SearchConfig(sampling=True, nbest=2, seed=3, **SHORT)
+    search(model, src, mask, cfg)
+    assert asked == []
+    beam_search(model, src, mask, SearchConfig(beam=2, **SHORT))
+    assert asked  # sentences left the batch before the end, in the cache's order

@@ -22,6 +22,7 @@ class BeamSearch:
     """`select` chooses and records; `advance` moves the beams and returns the rows the cache must follow."""
 
     beam = True
+    keeps_order = False  # the sentences that stay may take the order the cache moves least in (Cache.order)
 
     def __init__(self, cfg: SearchConfig):
         self.cfg = cfg

@@ -30,9 +30,8 @@ row's newest position is the same buffer column, and a sentence that has decoded
 first leave, the columns no row reads any more are dropped by the next reorder's gather.
 
 Sentences that leave do not move the others' encoder-decoder keys and values: the sentences past the kept count fill
-the holes (`order`), so only they are copied, and the view shrinks, to the sources the kept sentences have too (a
-server's segment lives as long as the load: it would otherwise read as many source positions as the longest
-sentence it ever held). A merge writes the joining sentences' keys and values after the running ones, into room
+the holes (`order`), so only they are copied, and the view shrinks. (Its sources stay as many: reading only as many
+as the kept sentences have changes the sums of attention, and with them 3 of 4000 n-best lines.) A merge writes the joining sentences' keys and values after the running ones, into room
 left in the same buffer (made with half as many sentences again to spare, and sources rounded up to CROSS_SOURCES).
 In a server, where a few sentences leave and join every step or two, copying every running sentence's keys and
 values instead took ~5% of the decoding thread (py-spy). The self-attention buffers likewise: once a join has
@@ -209,12 +208,7 @@ class Segment:
         drop = 0
         if sentences is not None:
             self._keep_cross(sentences, kept)
-            pad = None if self.src_pad is None else self.src_pad.index_select(0, sentences)
-            if pad is not None and not self.static:  # read only the sources the kept sentences have (a view)
-                used = int(pad.logical_not().sum(1).max())
-                if used < self.cross.size(4):
-                    self.cross, pad = self.cross.narrow(4, 0, used), pad[:, :used]
-            self._set_pad(pad)
+            self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
             if self.offsets is not None:
                 offsets = [self.offsets[i] for i in (kept if kept is not None else sentences.tolist())]
                 drop = min(offsets)
@@ -278,8 +272,8 @@ class Segment:
     def _keep_cross(self, sentences: Tensor, kept: list[int] | None) -> None:
         """Keep the encoder-decoder keys and values of `sentences` (their host list `kept`): in place when only
         sentences from past the kept count fill holes (`order`), else by a gather; by a gather too when the buffer
-        holds more than 4x what the kept sentences read (a burst of long sentences does not pin its memory for as
-        long as a server's segment lives)."""
+        holds more than 4x what the kept sentences read (a burst of joins does not pin its memory for as long as a
+        server's segment lives)."""
         n = len(kept) if kept is not None else -1
         if (n < 0 or any(k != i and k < n for i, k in enumerate(kept))
                 or 4 * n * self.cross.size(4) < self._room.size(2) * self._room.size(4)):

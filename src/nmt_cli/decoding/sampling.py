@@ -28,6 +28,8 @@ class Sampling:
         self.per = cfg.nbest if cfg.sampling else 1
         self.generator = generator
         self.pick: Callable[[Tensor], Tensor] = self._draw if cfg.sampling else _argmax
+        # draws go to rows in order: sentences that stay keep their order (a seed's samples stay what they were)
+        self.keeps_order = cfg.sampling
 
     def _draw(self, lprobs: Tensor) -> Tensor:
         return torch.multinomial(filtered(lprobs, self.cfg).exp(), 1, generator=self.generator).squeeze(1)

@@ -168,7 +168,9 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                 if len(leaving) == len(done):
                     state = None
                     continue
-                keep = cache.order([i for i, d in enumerate(done) if d is False])
+                keep = [i for i, d in enumerate(done) if d is False]
+                if not search.keeps_order:
+                    keep = cache.order(keep)
         rows = search.advance(state, t, chosen, keep)
         if rows is not None:
             cache.reorder(rows, keep)
