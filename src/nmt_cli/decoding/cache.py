@@ -31,13 +31,13 @@ first leave, the columns no row reads any more are dropped by the next reorder's
 
 Sentences that leave do not move the others' encoder-decoder keys and values: the sentences past the kept count fill
 the holes (`order`), so only they are copied, and the view shrinks. (Its sources stay as many: reading only as many
-as the kept sentences have changes the sums of attention, and with them 3 of 4000 n-best lines.) A merge writes the joining sentences' keys and values after the running ones, into room
-left in the same buffer (made with half as many sentences again to spare, and sources rounded up to CROSS_SOURCES).
-In a server, where a few sentences leave and join every step or two, copying every running sentence's keys and
-values instead took ~5% of the decoding thread (py-spy). The self-attention buffers likewise: once a join has
-merged into a segment, its buffers keep as many rows spare (`spare_rows`: the largest join so far; exact layout),
-and a later join of that size writes its rows there while the running ones stay in place (1.02-1.09x a server's
-throughput at 32 clients, 8 runs in turn).
+as the kept sentences have changes the sums of attention, and with them 3 of 4000 n-best lines.) A merge writes the
+joining sentences' keys and values after the running ones, into room left in the same buffer (made with half as
+many sentences again to spare, and sources rounded up to CROSS_SOURCES). In a server, where a few sentences leave
+and join every step or two, copying every running sentence's keys and values instead took ~5% of the decoding
+thread (py-spy). The self-attention buffers likewise: once a join has merged into a segment, its buffers keep as
+many rows spare (`spare_rows`: the largest join so far; exact layout), and a later join of that size writes its
+rows there while the running ones stay in place (1.02-1.09x a server's throughput at 32 clients, 8 runs in turn).
 """
 
 from __future__ import annotations
