@@ -240,7 +240,7 @@ class _Feed:
         self.cancellations = engine.cancellations  # cancellations seen
         self.ready: deque[tuple] = deque()  # encoded batches (src, src_pad_mask, cache), in the order of their ids
         self.encoding = 0  # sentences being encoded now
-        self.running = 0  # sentences the search decoded at its last look
+        self.running = self.group.running = 0  # sentences the search decoded at its last look
         self.stopped = False
         self.error: Exception | None = None  # the encoding failed (raised in the search's thread)
         self.thread = threading.Thread(target=self._encode, name=f"{threading.current_thread().name}-encode",
@@ -270,10 +270,10 @@ class _Feed:
             while True:
                 if self.stopped:
                     return False
-                room = engine.max_sentences - self.running - sum(b[0].size(0) for b in self.ready)
+                room = self._room()
                 live = self._live() if room > 0 and not self._others_waiting() else 0
                 wait = JOIN_WAIT_S - (time.monotonic() - self.group.waiting[0][3]) if live else None
-                if live and (live >= JOIN_FRACTION * self.running or wait <= 0):
+                if live and (self.group.worth_encoding() or wait <= 0):
                     src, pad = self._take(room)
                     self.encoding = src.size(0)
                     break
@@ -290,11 +290,15 @@ class _Feed:
         if self.error is not None:
             raise self.error
         if running < self.running and self.group.waiting:
-            full = self.running + sum(b[0].size(0) for b in self.ready) >= self.engine.max_sentences
+            full = self._room() <= 0
             self.group.running = running
             if full or self.group.worth_encoding():  # room again, or enough waiting now
                 self.engine.cond.notify_all()
         self.running = self.group.running = running
+
+    def _room(self) -> int:
+        """(holding the lock) Sentences the search could still take: its limit, less those running and ready."""
+        return self.engine.max_sentences - self.running - sum(b[0].size(0) for b in self.ready)
 
     def poll(self, running: int):
         with self.engine.cond:
