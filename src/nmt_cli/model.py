@@ -144,11 +144,7 @@ class MultiHeadAttention(nn.Module):
         into each segment's cache at its position, and every row attends over its segment's window (see cache.py).
         Rows past the segments' (R' > R: `Transformer.row_multiple`) are padding: their output is 0."""
         qkv = self.qkv_proj.forward(x)  # [R', 3D]
-        out = _step_output(x, segments)
-        first = 0
-        for seg, mask in zip(segments, masks, strict=True):
-            self._attend_self(qkv.narrow(0, first, seg.rows), layer, seg, mask, out.narrow(0, first, seg.rows))
-            first += seg.rows
+        out = _per_segment(qkv, x, segments, lambda i, seg, part, o: self._attend_self(part, layer, seg, masks[i], o))
         return self.out_proj.forward(out)
 
     def _attend_self(self, qkv: Tensor, layer: int, seg: Segment, mask: Tensor | None, out: Tensor) -> None:
@@ -164,11 +160,7 @@ class MultiHeadAttention(nn.Module):
         per-sentence keys and values (a sentence's beams folded into the query dimension); padding rows as
         `step_self`."""
         q = self.q_proj.forward(x)
-        out = _step_output(x, segments)
-        first = 0
-        for seg in segments:
-            self._attend_cross(q.narrow(0, first, seg.rows), layer, seg, out.narrow(0, first, seg.rows))
-            first += seg.rows
+        out = _per_segment(q, x, segments, lambda i, seg, part, o: self._attend_cross(part, layer, seg, o))
         return self.out_proj.forward(out)
 
     def _attend_cross(self, q: Tensor, layer: int, seg: Segment, out: Tensor) -> None:
@@ -184,12 +176,16 @@ class MultiHeadAttention(nn.Module):
                                                                                     self.d_k).transpose(1, 2))
 
 
-def _step_output(x: Tensor, segments: list[Segment]) -> Tensor:
-    """The buffer a decoding step's attention writes its rows into: like x [R', D], zero past the segments' rows."""
+def _per_segment(inputs: Tensor, x: Tensor, segments: list[Segment], attend_segment) -> Tensor:
+    """A decoding step's attention, segment by segment: `attend_segment(i, segment, its rows of inputs, its rows of
+    the output)` writes each segment's rows into one buffer like x [R', D], zero past the segments' rows."""
     out = torch.empty_like(x)
-    rows = sum(s.rows for s in segments)
-    if rows < x.size(0):
-        out[rows:].zero_()
+    first = 0
+    for i, seg in enumerate(segments):
+        attend_segment(i, seg, inputs.narrow(0, first, seg.rows), out.narrow(0, first, seg.rows))
+        first += seg.rows
+    if first < x.size(0):
+        out[first:].zero_()
     return out
 
 
