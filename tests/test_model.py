@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt_cli.config import PRESETS, ModelConfig, preset
+from nmt_cli.decoding.scheduler import encode_batch
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import Transformer, attend, sinusoidal_positions
 from nmt_cli.training.loss import label_smoothed_cross_entropy
@@ -71,7 +72,7 @@ def test_incremental_decoding_equals_full_forward(norm_first, static):
     src[0, 5:] = 0
     mask = src.eq(0)
     full = model(src, tgt, mask)
-    cache = model.init_cache(model.encode(src, mask), mask, static=static)
+    cache = encode_batch(model, src, mask, static)
     torch.testing.assert_close(_steps(model, cache, tgt), full, atol=1e-5, rtol=1e-5)
     seg = cache.segments[0]
     assert seg.length == tgt.size(1) and int(seg.pos) == tgt.size(1)
@@ -82,7 +83,7 @@ def test_incremental_decoding_after_reorder_equals_full_forward():
     model = tiny_model()
     src, tgt = batch(b=3)
     mask = torch.zeros_like(src, dtype=torch.bool)
-    cache = model.init_cache(model.encode(src, mask), mask)
+    cache = encode_batch(model, src, mask)
     _steps(model, cache, tgt[:, :3])
     order = torch.tensor([2, 0, 0, 1])  # rows move; a row is duplicated (the cache follows rows, whatever they are)
     cache.segments[0].beams = 1
@@ -97,7 +98,7 @@ def test_cache_grows_past_its_initial_capacity(static):
     model = tiny_model()
     src, tgt = batch(b=2, t=40)  # the self-attention buffer starts with 16 positions (static: buckets 16, 32, 64)
     mask = torch.zeros_like(src, dtype=torch.bool)
-    cache = model.init_cache(model.encode(src, mask), mask, static=static)
+    cache = encode_batch(model, src, mask, static)
     torch.testing.assert_close(_steps(model, cache, tgt), model(src, tgt, mask), atol=1e-5, rtol=1e-5)
     assert cache.segments[0].capacity >= 40 and (not static or cache.segments[0].capacity == 64)
 
@@ -112,7 +113,7 @@ def test_beams_share_encoder_keys_and_equal_full_forward(static):
     src[1, 4:] = 0
     mask = src.eq(0)
     k = 2
-    cache = model.init_cache(model.encode(src, mask), mask, static=static)
+    cache = encode_batch(model, src, mask, static)
     cache.repeat_beams(k)
     seg = cache.segments[0]
     assert seg.beams == k and seg.cross.size(2) == 3 and seg.src_pad.size(0) == 3 and cache.rows() == 6
@@ -145,9 +146,9 @@ def test_joined_segments_decode_with_their_own_positions_and_sources():
     src, tgt = batch(b=4, t=6)
     src[3, 3:] = 0
     mask = src.eq(0)
-    first = model.init_cache(model.encode(src[:2], mask[:2]), mask[:2])
+    first = encode_batch(model, src[:2], mask[:2])
     _steps(model, first, tgt[:2, :3])
-    cache = first.join(model.init_cache(model.encode(src[2:, :5], mask[2:, :5]), mask[2:, :5]))
+    cache = first.join(encode_batch(model, src[2:, :5], mask[2:, :5]))
     assert cache.rows() == 4 and len(cache.segments) == 2
     for i in range(3):
         out = model.step(torch.cat([tgt[:2, 3 + i], tgt[2:, i]]), cache)
@@ -168,9 +169,9 @@ def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody
     src, tgt = batch(b=4, t=8)
     src[3, 3:] = 0
     mask = src.eq(0)
-    first = model.init_cache(model.encode(src[:2], None), None, static=static)
+    first = encode_batch(model, src[:2], None, static)
     _steps(model, first, tgt[:2, :3])
-    cache = first.join(model.init_cache(model.encode(src[2:, :5], mask[2:, :5]), mask[2:, :5], static=static))
+    cache = first.join(encode_batch(model, src[2:, :5], mask[2:, :5], static))
     out = model.step(torch.cat([tgt[:2, 3], tgt[2:, 0]]), cache)  # the joined batch's first step, two segments
     cache.repeat_beams(1, newest=True)
     assert len(cache.segments) == 1
@@ -197,7 +198,7 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
     src, tgt = batch(b=7, t=8)
     src[2, 4:] = 0
     mask = src.eq(0)
-    cache = model.init_cache(model.encode(src[:4], mask[:4]), mask[:4])
+    cache = encode_batch(model, src[:4], mask[:4])
     _steps(model, cache, tgt[:4, :2])
     keep = cache.order([0, 2, 3])
     assert keep == [0, 3, 2]  # sentence 3 fills sentence 1's hole
@@ -212,7 +213,7 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
     for joining in (4, 5, 6):  # one sentence joins, merges (its first step inside the running segment), steps
         one = slice(joining, joining + 1)
         kv_address = seg.kv[0].data_ptr()
-        cache.join(model.init_cache(model.encode(src[one], mask[one]), mask[one]))
+        cache.join(encode_batch(model, src[one], mask[one]))
         cache.repeat_beams(1, newest=True)
         assert len(cache.segments) == 1
         moved.append(seg.cross.data_ptr() != address)
@@ -236,7 +237,7 @@ def test_a_buffer_far_larger_than_its_kept_sentences_read_is_compacted():
     src, tgt = batch(b=3, t=5)
     src[1:, 3:] = 0
     mask = src.eq(0)
-    cache = model.init_cache(model.encode(src, mask), mask)
+    cache = encode_batch(model, src, mask)
     _steps(model, cache, tgt[:, :3])
     seg = cache.segments[0]
     room = seg._room.new_zeros(seg._room.shape[:2] + (12,) + seg._room.shape[3:])  # as if a burst of joins had
@@ -256,11 +257,11 @@ def test_the_static_step_compiles_as_one_graph():
     src, tgt = batch(b=2, t=5)
     mask = src.eq(0)
     with torch.inference_mode():
-        eager = _steps(model, model.init_cache(model.encode(src, mask), mask, static=True), tgt)
+        eager = _steps(model, encode_batch(model, src, mask, True), tgt)
     model.compile_step(backend="aot_eager")
     try:
         with torch.inference_mode():
-            compiled = _steps(model, model.init_cache(model.encode(src, mask), mask, static=True), tgt)
+            compiled = _steps(model, encode_batch(model, src, mask, True), tgt)
     finally:
         model.compile_step(backend=None)
     torch.testing.assert_close(compiled, eager, atol=1e-6, rtol=1e-6)
