@@ -120,7 +120,7 @@ def job_nmt(a: dict) -> dict:
     search = SearchConfig(beam=a["beam"], alpha=a["alpha"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
                           stop="top" if "top" in flags else "beam", lp="fairseq" if "fairseq" in flags else "gnmt")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines),
-                             join_batches="nojoin" not in flags)
+                             join_batches="nojoin" not in flags, workers=1 if "w1" in flags else None)
     device = a.get("device", "cpu")
     tr = Translator(load_checkpoints([a["checkpoint"]]), device, precision, config)
     tr.translate(lines[:32] if device == "cpu" else lines[:600])  # warm-up (GPU: kernels for many shapes)
@@ -172,8 +172,11 @@ def job_ct2(a: dict) -> dict:
     lines = read_lines(Path(a["input"]), a.get("n"))
     src = [sp.encode(line, out_type=str) for line in lines]  # the model appends </s> (add_source_eos)
     device = a.get("device", "cpu")
-    tr = ctranslate2.Translator(str(model_dir), device=device, compute_type=a["compute_type"],
-                                intra_threads=a["threads"] if device == "cpu" else 1, inter_threads=1)
+    compute_type, *flags = a["compute_type"].split("-")  # "float32-streams": inter_threads 2, as nmt's 2 streams
+    inter = min(2, a["threads"]) if "streams" in flags and device == "cpu" else 1
+    tr = ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,
+                                intra_threads=max(1, a["threads"] // inter) if device == "cpu" else 1,
+                                inter_threads=inter)
     kwargs = dict(beam_size=a["beam"], length_penalty=a["alpha"], max_decoding_length=a["max_decoding_length"],
                   max_batch_size=a["max_tokens"], batch_type="tokens")
     tr.translate_batch(src[:32] if device == "cpu" else src[:600], **kwargs)
@@ -327,8 +330,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
         label = {"nmt": "nmt " + prec.replace("-top", " --stop top").replace("-fairseq", " --lenpen-form fairseq")
-                 .replace("-nojoin", " (no joining)"),
-                 "ct2": f"CTranslate2 {prec}",
+                 .replace("-nojoin", " (no joining)").replace("-w1", " --workers 1"),
+                 "ct2": f"CTranslate2 {prec}".replace("-streams", " inter_threads 2"),
                  "hf": "Hugging Face generate fp32",
                  "fairseq": "fairseq SequenceGenerator fp32"}[engine]
         print(row(label, best(runs)))
@@ -344,7 +347,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
              (("nmt", "fp32"), ("nmt", "fp32-top")), (("nmt", "fp32"), ("nmt", "bf16")),
              (("nmt", "fp32"), ("nmt", "int8")), (("nmt", "int8"), ("ct2", "int8")),
              (("nmt", "int8-top"), ("ct2", "int8")), (("nmt", "fp32"), ("nmt", "fp32-nojoin")),
-             (("nmt", "int8"), ("nmt", "int8-nojoin")), (("nmt", "int8-top"), ("nmt", "int8-top-nojoin")),
+             (("nmt", "int8"), ("nmt", "int8-nojoin")), (("nmt", "fp32"), ("nmt", "fp32-w1")),
+             (("nmt", "fp32"), ("ct2", "float32-streams")), (("nmt", "int8"), ("ct2", "int8-streams")), (("nmt", "int8-top"), ("nmt", "int8-top-nojoin")),
              (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32"))]
     for p, q in pairs:
         if p in have and q in have:
@@ -381,7 +385,8 @@ def main() -> None:
                    help="nmt configurations: precisions, '-fairseq' adds --lenpen-form fairseq (CTranslate2's and "
                         "Hugging Face's length penalty form), '-top' adds --stop top (OpenNMT-py's stopping rule; "
                         "CTranslate2, fairseq and Hugging Face stop as nmt's default; CTranslate2 as --stop top "
-                        "with --alpha 0), '-nojoin' runs the batches one after the other (no continuous batching).")
+                        "with --alpha 0), '-nojoin' runs the batches one after the other (no continuous batching), '-w1' decodes "
+                        "as one stream (--workers 1; the default on 2+ threads is 2 streams).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--alpha", type=float, default=0.6,
                    help="Length penalty of every engine. 0 (none) lets CTranslate2 stop a sentence once its best "
@@ -390,7 +395,8 @@ def main() -> None:
                    help="cuda: nmt on the GPU (--nmt fp32,bf16,fp16) against CTranslate2 on the GPU (--ct2 "
                         "float16,int8_float16).")
     p.add_argument("--ct2", default=None, help="CTranslate2 compute types [cpu: float32,int8; cuda: "
-                                               "float32,float16,int8_float16].")
+                                               "float32,float16,int8_float16]; '-streams' (cpu) runs 2 "
+                                               "translators of threads/2 threads each (inter_threads 2).")
     p.add_argument("--profile", action="store_true",
                    help="cuda: also profile nmt's first --nmt configuration (GPU busy share, top ops).")
     p.add_argument("--max-len", type=int, default=None,

@@ -26,7 +26,8 @@ from nmt_cli import checkpoint as ckpt_io
 from nmt_cli import hub_models as hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
-from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig, decode_batches
+from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
+from nmt_cli.decoding.streams import decode_streams
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.lines import iter_lines
@@ -46,6 +47,7 @@ class TranslateConfig:
     max_tokens: int | None = None  # padded source tokens per batch; None: DEFAULT_MAX_TOKENS of the device
     max_sentences: int = 512  # sentences per batch
     join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
+    workers: int | None = None  # CPU decoding streams, each on its threads // workers threads; None: auto (streams)
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
     token_scores: bool = False  # add a column: the log-probability of each target piece and EOS
@@ -71,7 +73,7 @@ class TranslateConfig:
         return cls(search=SearchConfig(**search), **{k: v for k, v in options.items() if k in fields}).validate()
 
     def validate(self) -> TranslateConfig:
-        for name in ("buffer_size", "max_tokens", "max_sentences"):
+        for name in ("buffer_size", "max_tokens", "max_sentences", "workers"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.alignment not in (None, "words", "pieces"):
@@ -246,6 +248,15 @@ class Translator:
             out.append(ids + [EOS_ID] if ids else [])
         return out
 
+    def streams(self) -> int:
+        """Decoding streams (decoding/streams.py): `workers` when given; else, on CPU with at least two threads,
+        two (beam and greedy search; sampling draws from one generator, so it is one stream), else one."""
+        if self.device.type != "cpu" or self.config.search.sampling:
+            return 1
+        if self.config.workers is not None:
+            return self.config.workers
+        return 2 if torch.get_num_threads() >= 2 else 1
+
     def batches(self, sources: list[list[int]]) -> Iterator[list[int]]:
         """Indices of non-empty sources, longest first, in batches of <= max_tokens padded tokens."""
         return length_batches(sources, self.config.max_tokens, self.config.max_sentences)
@@ -279,10 +290,10 @@ class Translator:
         results: list[list[Hypothesis]] = [[Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
                                            for i in range(len(sources))]
         batches = list(self.batches(sources))
-        cfg = self.config.search
-        per_batch = decode_batches(self.model, (self._tensor([sources[i] for i in b]) for b in batches), cfg,
-                                   ([prefixes[i] for i in b] for b in batches) if prefixes else None, self.generator,
-                                   JOIN_BELOW if self.config.join_batches else 0.0)
+        per_batch = decode_streams(self.model, [self._tensor([sources[i] for i in b]) for b in batches],
+                                   self.config.search, [[prefixes[i] for i in b] for b in batches] if prefixes else
+                                   None, self.streams(), JOIN_BELOW if self.config.join_batches else 0.0,
+                                   self.generator)
         for batch, found in zip(batches, per_batch, strict=True):
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps

@@ -180,6 +180,11 @@ def register(app: typer.Typer) -> None:
         device: Device = OPTIONS["device"](),
         precision: Precision = OPTIONS["precision"](),
         threads: int = OPTIONS["threads"](),
+        workers: int = typer.Option(
+            None, "--workers", min=1, metavar="N", rich_help_panel=_MACHINE,
+            show_default="2 on a CPU with 2 threads or more, else 1",
+            help="CPU decoding streams, each on threads/N threads (as CTranslate2's inter_threads); sampling uses 1.",
+        ),
     ) -> None:
         from nmt_cli import cpus
         from nmt_cli import translate as core
@@ -204,7 +209,7 @@ def register(app: typer.Typer) -> None:
                 max_tokens=max_tokens, nbest=nbest, scores=scores, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
                 sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
                 alignment=print_alignment.value if print_alignment is not None else None,
-                alignment_layer=alignment_layer, replace_unk=replace_unk,
+                alignment_layer=alignment_layer, replace_unk=replace_unk, workers=workers,
             )
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
             if sampler is not None and translator.device.type == "cpu":

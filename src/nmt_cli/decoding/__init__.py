@@ -7,6 +7,7 @@
   state.py        the search state: rows, scores, finished hypotheses, all on the device
   beam.py         beam search; sampling.py: greedy search and sampling
   scheduler.py    the loop: batches in, host checks every k steps, finished sentences out, batches joining
+  streams.py      several loops over one input's batches, each on a thread of its own (CPU)
 """
 
 from nmt_cli.decoding.config import Hypothesis, SearchConfig, length_penalty, max_output_lengths

@@ -1,0 +1,107 @@
+"""Several decoding streams on threads of their own (decoding/streams.py; `nmt translate --workers`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from nmt_cli.decoding import streams
+from nmt_cli.errors import ConfigError
+from nmt_cli.search import SearchConfig
+from nmt_cli.translate import TranslateConfig
+from test_translate import ckpt_path, lines, translator  # noqa: F401 (ckpt_path: a fixture)
+
+
+@pytest.fixture()
+def torch_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture()
+def seen(monkeypatch) -> list[tuple[str, int]]:
+    """(thread name, torch threads there) of every decode_batches call made by decode_streams."""
+    calls: list[tuple[str, int]] = []
+    real = streams.decode_batches
+
+    def spy(*args, **kwargs):
+        calls.append((threading.current_thread().name, torch.get_num_threads()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(streams, "decode_batches", spy)
+    return calls
+
+
+def test_streams_translate_as_one_stream_on_threads_of_their_own(ckpt_path, seen, torch_threads):  # noqa: F811
+    torch.set_num_threads(2)
+    inputs = lines(60, seed=3)
+    prefixes = ["" if i % 3 else inputs[i].split()[0] for i in range(len(inputs))]  # aligned with their batches
+    search = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=6)
+    one = translator(ckpt_path, search=search, nbest=2, max_tokens=60, workers=1).translate(inputs, prefixes=prefixes)
+    assert [name for name, _ in seen] == [threading.current_thread().name]
+    seen.clear()
+    for workers in (2, 3):
+        several = translator(ckpt_path, search=search, nbest=2, max_tokens=60, workers=workers).translate(
+            inputs, prefixes=prefixes)
+        assert [[t.text for t in ts] for ts in several] == [[t.text for t in ts] for ts in one]
+        assert [t.score for ts in several for t in ts] == pytest.approx([t.score for ts in one for t in ts], abs=1e-4)
+        assert sorted(name for name, _ in seen) == [f"nmt-decode-{k}" for k in range(workers)]
+        assert {n for _, n in seen} == {max(1, 2 // workers)}  # the cores shared out
+        assert torch.get_num_threads() == 2  # and given back
+        seen.clear()
+    assert all(ts[0].text.startswith(p) for ts, p in zip(one, prefixes, strict=True))
+
+
+def test_a_failing_stream_fails_the_call_and_threads_are_restored(ckpt_path, monkeypatch, torch_threads):  # noqa: F811
+    torch.set_num_threads(2)
+    real = streams.decode_batches
+
+    def failing(model, batches, *args, **kwargs):
+        if threading.current_thread().name == "nmt-decode-1":
+            raise RuntimeError("stream 1 broke")
+        return real(model, batches, *args, **kwargs)
+
+    monkeypatch.setattr(streams, "decode_batches", failing)
+    with pytest.raises(RuntimeError, match="stream 1 broke"):
+        translator(ckpt_path, max_tokens=60, workers=2).translate(lines(40))
+    assert torch.get_num_threads() == 2
+
+
+def test_streams_by_default_and_when_asked(ckpt_path, torch_threads):  # noqa: F811
+    torch.set_num_threads(2)
+    assert translator(ckpt_path).streams() == 2  # auto: two on a CPU with two threads
+    assert translator(ckpt_path, workers=3).streams() == 3
+    sampling = SearchConfig(beam=1, sampling=True, seed=1, max_len_a=1.0, max_len_b=4)
+    assert translator(ckpt_path, search=sampling, workers=2).streams() == 1  # one generator: one stream
+    torch.set_num_threads(1)
+    assert translator(ckpt_path).streams() == 1
+    with pytest.raises(ConfigError, match="workers must be at least 1"):
+        TranslateConfig(workers=0).validate()
+
+
+def test_seeded_sampling_is_the_same_whatever_the_workers(ckpt_path, torch_threads):  # noqa: F811
+    torch.set_num_threads(2)
+    sampling = SearchConfig(beam=1, nbest=2, sampling=True, seed=5, max_len_a=1.0, max_len_b=6)
+    out = [[t.text for ts in translator(ckpt_path, search=sampling, nbest=2, max_tokens=60, workers=w).translate(
+        lines(40)) for t in ts] for w in (1, 2)]
+    assert out[0] == out[1]
+
+
+def test_cli_workers_option(ckpt_path):  # noqa: F811
+    text = "".join(line + "\n" for line in lines(12)).encode()
+    outs = []
+    for workers in ("1", "2"):
+        proc = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(ckpt_path), "--beam", "2",
+                               "--max-len-b", "4", "--max-tokens", "30", "--threads", "2", "--workers", workers],
+                              input=text, capture_output=True)
+        assert proc.returncode == 0, proc.stderr.decode()
+        outs.append(proc.stdout.decode().splitlines())
+    assert outs[0] == outs[1] and len(outs[0]) == 12
+    proc = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(ckpt_path), "--workers", "0"],
+                          input=text, capture_output=True)
+    assert proc.returncode != 0 and b"--workers" in proc.stderr
