@@ -105,3 +105,47 @@ def test_cli_workers_option(ckpt_path):  # noqa: F811
     proc = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(ckpt_path), "--workers", "0"],
                           input=text, capture_output=True)
     assert proc.returncode != 0 and b"--workers" in proc.stderr
+
+
+def test_ctrl_c_ends_every_stream_before_it_propagates(ckpt_path, monkeypatch, torch_threads):  # noqa: F811
+    import os
+    import signal
+    import time
+
+    from nmt_cli.decoding.scheduler import Stopped
+
+    torch.set_num_threads(2)
+    running = threading.Barrier(3)
+
+    def endless(model, batches, *args, stop, **kwargs):  # a stream that decodes until asked to stop (or 20 s)
+        running.wait()
+        end = time.monotonic() + 20
+        while not stop() and time.monotonic() < end:
+            time.sleep(0.01)
+        if threading.current_thread().name == "nmt-decode-0":
+            time.sleep(0.5)  # one stream ends later: the caller must still wait for it
+        raise Stopped
+
+    monkeypatch.setattr(streams, "decode_batches", endless)
+    def ctrl_c():  # to the process, as a terminal sends it (Linux hands it to the main thread), once that waits
+        running.wait()
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        translator(ckpt_path, max_tokens=60, workers=2).translate(lines(40))
+    assert not [t for t in threading.enumerate() if t.name.startswith("nmt-decode")]  # none left to outlive it
+    assert torch.get_num_threads() == 2
+
+
+def test_decode_batches_stops_at_a_host_check_when_asked(ckpt_path):  # noqa: F811
+    from nmt_cli.decoding import decode_batches
+    from nmt_cli.decoding.scheduler import Stopped
+
+    tr = translator(ckpt_path)
+    src, pad = tr._tensor(tr.encode(lines(4), 1))
+    asked = []
+    with pytest.raises(Stopped):
+        decode_batches(tr.model, [(src, pad)], tr.config.search, stop=lambda: asked.append(1) or len(asked) > 2)
+    assert len(asked) == 3

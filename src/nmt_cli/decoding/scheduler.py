@@ -43,6 +43,10 @@ Batch = tuple[Tensor, Tensor | None]  # src [B, S], src_pad_mask [B, S] (True at
 # encodes arriving sentences on another thread while the search decodes.
 
 
+class Stopped(Exception):
+    """`decode_batches` was asked to stop (its `stop` argument)."""
+
+
 class Feed(Protocol):
     """A live source of batches (for a server). Sentences count from 0 over all the batches handed out, in order:
     `on_done` names them by that number."""
@@ -76,7 +80,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                    | None = None, generator: torch.Generator | None = None, join_below: float = JOIN_BELOW,
                    check_every: int = CHECK_EVERY, static: bool = False, search: BeamSearch | Sampling | None = None,
                    feed: Feed | None = None, on_done: Callable[[int, list[Hypothesis]], None] | None = None,
-                   ) -> list[list[list[Hypothesis]]]:
+                   stop: Callable[[], bool] | None = None) -> list[list[list[Hypothesis]]]:
     """Search every batch -> per batch, per sentence, its hypotheses (best first; samples in the order drawn).
 
     `prefixes`: per batch, the target token ids each output must start with (one list per sentence), or None.
@@ -88,7 +92,9 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     whenever `poll` gives one (`join_below` does not apply), the sentences it abandons leave at the next check, and
     decoding ends when `wait` gives None.
     `on_done(sentence, hypotheses)`: called as each sentence finishes, with its hypotheses as the result would hold
-    them; then nothing is kept and the result is []. Without `feed` and `on_done`, behaviour and speed are as before."""
+    them; then nothing is kept and the result is []. Without `feed` and `on_done`, behaviour and speed are as before.
+    `stop()`: asked at each host check; True ends the decoding there by raising Stopped (streams.py: an interrupted
+    caller's threads)."""
     cfg = cfg.validate()
     pending = iter(batches) if feed is None else iter(())
     upcoming = next(pending, None) if feed is None else feed.wait()
@@ -151,6 +157,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
         checked = (t + 1) % check_every == 0 or t + 1 >= max(state.max_len_host)  # (all must be done)
         keep = None
         if checked:
+            if stop is not None and stop():
+                raise Stopped("decoding stopped")
             done = state.done.tolist()
             if feed is not None:
                 for i in feed.abandoned(state.ids):

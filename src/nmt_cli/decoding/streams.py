@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from nmt_cli.decoding.config import Hypothesis, SearchConfig
-from nmt_cli.decoding.scheduler import Batch, decode_batches
+from nmt_cli.decoding.scheduler import Batch, Stopped, decode_batches
 
 
 def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None, streams: int,
@@ -38,27 +38,41 @@ def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes:
     streams = min(streams, len(batches))
     results: list[list[list[Hypothesis]] | None] = [None] * len(batches)
     errors: list[BaseException] = []
+    stop = threading.Event()  # the caller was interrupted (Ctrl-C) or a stream failed: the others end too
+    ended = [threading.Event() for _ in range(streams)]
 
     def run(k: int) -> None:
         mine = range(k, len(batches), streams)
         try:
             found = decode_batches(model, (batches[i] for i in mine), cfg,
                                    (prefixes[i] for i in mine) if prefixes is not None else None,
-                                   join_below=join_below)
+                                   join_below=join_below, stop=stop.is_set)
             for i, hyps in zip(mine, found, strict=True):
                 results[i] = hyps
+        except Stopped:
+            pass
         except BaseException as exc:  # raised again in the caller's thread
             errors.append(exc)
+            stop.set()
+        finally:
+            ended[k].set()
 
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, before // streams))  # a new thread takes this count at its first operation
     try:
         threads = [threading.Thread(target=run, args=(k,), name=f"nmt-decode-{k}", daemon=True)
                    for k in range(streams)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.start()
+            for e in ended:
+                e.wait()
+        except BaseException:  # KeyboardInterrupt: the streams end at their next step, before the process does (a
+            stop.set()        # stream still running at exit aborts it in PyTorch's C++). Not Thread.join: once
+            for t, e in zip(threads, ended, strict=True):  # interrupted, Python 3.11's join takes the thread for
+                if t.ident is not None:  # ended (bpo-45274's fix) and returns at once
+                    e.wait()
+            raise
     finally:
         torch.set_num_threads(before)
     if errors:
