@@ -62,15 +62,18 @@ def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes:
     try:
         threads = [threading.Thread(target=run, args=(k,), name=f"nmt-decode-{k}", daemon=True)
                    for k in range(streams)]
+        # On Ctrl-C the streams end at their next step, before the process does (a stream still running at exit
+        # aborts the process in PyTorch's C++). Waited for by events, not Thread.join: once interrupted, Python
+        # 3.11's join takes the thread for ended (bpo-45274's fix) and later returns at once.
         try:
             for t in threads:
                 t.start()
             for e in ended:
                 e.wait()
-        except BaseException:  # KeyboardInterrupt: the streams end at their next step, before the process does (a
-            stop.set()        # stream still running at exit aborts it in PyTorch's C++). Not Thread.join: once
-            for t, e in zip(threads, ended, strict=True):  # interrupted, Python 3.11's join takes the thread for
-                if t.ident is not None:  # ended (bpo-45274's fix) and returns at once
+        except BaseException:
+            stop.set()
+            for t, e in zip(threads, ended, strict=True):
+                if t.ident is not None:  # started
                     e.wait()
             raise
     finally:
