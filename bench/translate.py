@@ -18,6 +18,7 @@ Sections:
           --hf-site / --fairseq-python also Hugging Face generate (bench/hf_marian.py) and fairseq's
           SequenceGenerator (bench/fairseq_gen.py) on the same weights (--anchor-sections picks the sections).
   base    the paper's base model (random weights, 32k BPE vocabulary) on newstest2014 en (3003 lines), beam 4.
+  big     the paper's big shape (1024/4096, 16 heads; random weights, 32k vocabulary), as base (GPU).
   stream  peak memory and time to the first output line of `nmt translate` on a generated N-line input.
 
 Random weights never choose EOS on purpose, so with them every output runs to a FIXED length (said in the
@@ -63,7 +64,8 @@ def peak_mb() -> float:
 
 
 def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **config) -> Path:
-    """A BPE model on `corpus` and a random Transformer, saved as an nmt checkpoint (cached)."""
+    """A BPE model on `corpus` and a random Transformer, saved as an nmt checkpoint (cached; the BPE model too, in
+    WORK/bpe_{vocab_size}.model, shared by the sections of one vocabulary size)."""
     if path.exists():
         return path
     import torch
@@ -73,8 +75,13 @@ def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **co
     from nmt_cli.data.tokenizer import Tokenizer, train_bpe
     from nmt_cli.model import Transformer
 
-    sentences = [line for p in corpus for line in read_lines(p)]
-    tokenizer = train_bpe(sentences, vocab_size, seed_sentences=200_000)
+    bpe = WORK / f"bpe_{vocab_size}.model"
+    if bpe.exists():
+        tokenizer = bpe.read_bytes()
+    else:
+        sentences = [line for p in corpus for line in read_lines(p)]
+        tokenizer = train_bpe(sentences, vocab_size, seed_sentences=200_000)
+        bpe.write_bytes(tokenizer)
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=Tokenizer(tokenizer).vocab_size, dropout=0.0, **config))
     meta = {"note": "random weights (bench/translate.py)"}
@@ -120,7 +127,8 @@ def job_nmt(a: dict) -> dict:
     search = SearchConfig(beam=a["beam"], alpha=a["alpha"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
                           stop="top" if "top" in flags else "beam", lp="fairseq" if "fairseq" in flags else "gnmt")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines),
-                             join_batches="nojoin" not in flags, workers=1 if "w1" in flags else None)
+                             join_batches="nojoin" not in flags, workers=1 if "w1" in flags else None,
+                             cuda_graphs="graph" in flags)
     device = a.get("device", "cpu")
     tr = Translator(load_checkpoints([a["checkpoint"]]), device, precision, config)
     tr.translate(lines[:32] if device == "cpu" else lines[:600])  # warm-up (GPU: kernels for many shapes)
@@ -137,6 +145,9 @@ def job_nmt(a: dict) -> dict:
     result = {"seconds": seconds, "sentences": len(lines), "tgt_tokens": tr.tgt_tokens, "peak_mb": peak_mb()}
     if device == "cuda":
         result["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        if tr.graphs is not None:  # warm-up included
+            g = tr.graphs
+            result["graphs"] = f"{g.recorded} recorded, {g.replayed} replayed, {g.eager} eager{g.broken or ''}"
     return result
 
 
@@ -264,6 +275,7 @@ def row(label: str, r: dict) -> str:
         return f"  {label:<34} error: {r['error']}"
     sps, tps = r["sentences"] / r["seconds"], r["tgt_tokens"] / r["seconds"]
     gpu = f"  GPU peak {r['gpu_peak_mb']:6.0f} MB" if "gpu_peak_mb" in r else ""
+    gpu += f"  graph steps: {r['graphs']}" if "graphs" in r else ""
     median = f", median of {r['runs']} {r['median_s']:.2f} s" if r.get("runs", 1) > 2 else ""
     return (f"  {label:<34} {sps:8.1f} sent/s {tps:9.0f} tgt tok/s  peak {r['peak_mb']:7.0f} MB{gpu}  "
             f"({r['seconds']:.2f} s{median})")
@@ -330,7 +342,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
         label = {"nmt": "nmt " + prec.replace("-top", " --stop top").replace("-fairseq", " --lenpen-form fairseq")
-                 .replace("-nojoin", " (no joining)").replace("-w1", " --workers 1"),
+                 .replace("-nojoin", " (no joining)").replace("-w1", " --workers 1")
+                 .replace("-graph", " --cuda-graphs"),
                  "ct2": f"CTranslate2 {prec}".replace("-streams", " inter_threads 2"),
                  "hf": "Hugging Face generate fp32",
                  "fairseq": "fairseq SequenceGenerator fp32"}[engine]
@@ -349,7 +362,9 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
              (("nmt", "int8-top"), ("ct2", "int8")), (("nmt", "fp32"), ("nmt", "fp32-nojoin")),
              (("nmt", "int8"), ("nmt", "int8-nojoin")), (("nmt", "fp32"), ("nmt", "fp32-w1")),
              (("nmt", "fp32"), ("ct2", "float32-streams")), (("nmt", "int8"), ("ct2", "int8-streams")), (("nmt", "int8-top"), ("nmt", "int8-top-nojoin")),
-             (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32"))]
+             (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32")),
+             (("nmt", "fp16"), ("nmt", "fp16-graph")), (("nmt", "fp32"), ("nmt", "fp32-graph")),
+             (("nmt", "fp16-graph"), ("ct2", "float16")), (("nmt", "fp32-graph"), ("ct2", "float32"))]
     for p, q in pairs:
         if p in have and q in have:
             print(f"  identical lines {p[0]} {p[1]} vs {q[0]} {q[1]}: {100 * agreement(outputs[p], outputs[q]):.1f}%")
@@ -386,7 +401,8 @@ def main() -> None:
                         "Hugging Face's length penalty form), '-top' adds --stop top (OpenNMT-py's stopping rule; "
                         "CTranslate2, fairseq and Hugging Face stop as nmt's default; CTranslate2 as --stop top "
                         "with --alpha 0), '-nojoin' runs the batches one after the other (no continuous batching), '-w1' decodes "
-                        "as one stream (--workers 1; the default on 2+ threads is 2 streams).")
+                        "as one stream (--workers 1; the default on 2+ threads is 2 streams), '-graph' decodes with CUDA graphs "
+                        "(--cuda-graphs; GPU).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--alpha", type=float, default=0.6,
                    help="Length penalty of every engine. 0 (none) lets CTranslate2 stop a sentence once its best "
@@ -416,7 +432,7 @@ def main() -> None:
     if not DATA.exists():
         sys.exit(f"{DATA} is missing: the benchmark reads ../shared/data (see its README)")
     WORK.mkdir(parents=True, exist_ok=True)
-    args.lines = {"base": args.base_lines}
+    args.lines = {"base": args.base_lines, "big": args.base_lines}
     if args.max_tokens is None:
         args.max_tokens = 2000 if args.device == "cpu" else 6000
     if args.ct2 is None:
@@ -437,6 +453,11 @@ def main() -> None:
         corpus = [c for c in corpus if c.exists()] or [NEWSTEST / "valid.en", NEWSTEST / "valid.de"]
         ckpt = args.base_checkpoint or make_random_checkpoint(WORK / "base_random.pt", corpus, 32000)
         compare("base", ckpt, NEWSTEST / "test.en", NEWSTEST / "test.de", args, args.base_checkpoint is not None, 32)
+    if "big" in sections:  # the paper's big shape (1024/4096, 16 heads), random weights
+        corpus = [DATA / "europarl_v7_ende_20k" / f"train.{lang}" for lang in ("en", "de")]
+        corpus = [c for c in corpus if c.exists()] or [NEWSTEST / "valid.en", NEWSTEST / "valid.de"]
+        ckpt = make_random_checkpoint(WORK / "big_random.pt", corpus, 32000, d_model=1024, d_ff=4096, n_heads=16)
+        compare("big", ckpt, NEWSTEST / "test.en", NEWSTEST / "test.de", args, False, 32)
     if "stream" in sections:
         tiny = make_random_checkpoint(WORK / "stream_tiny.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
                                       d_model=64, d_ff=128, n_heads=2, encoder_layers=1, decoder_layers=1)

@@ -147,6 +147,31 @@ def test_cached_decoding_equals_uncached_on_cuda(beam, static, no_tf32):
             assert x.score == pytest.approx(y.score, abs=1e-4)
 
 
+@pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(beam=4, stop="top", min_len=2)])
+def test_cuda_graph_decoding_equals_eager_and_syncs_only_at_host_checks(options, no_tf32):
+    """The steps replayed as CUDA graphs (decoding/graphs.py) give the eager static engine's hypotheses and
+    scores, batches joining; every step between two host checks runs under set_sync_debug_mode("error") (any host
+    sync raises); the graphs were recorded and replayed, and recording never failed."""
+    from nmt_cli.decoding.graphs import StepGraphs
+
+    model = _tiny_model().cuda()
+    src, mask = _sources("cuda", n=24)
+    cfg = SearchConfig(max_len_a=1.0, max_len_b=12, **options)
+    batches = [(src[:12], mask[:12]), (src[12:], mask[12:])]
+    eager = sum(decode_batches(model, batches, cfg, join_below=0.5, static=True, check_every=4), [])
+    graphs = StepGraphs("cuda")
+    graphs.check_syncs = True
+    for _ in range(2):  # the second pass replays graphs recorded by the first where the addresses repeat
+        graphed = sum(decode_batches(model, batches, cfg, join_below=0.5, static=True, check_every=4,
+                                     graphs=graphs), [])
+        for a, b in zip(eager, graphed, strict=True):
+            assert [h.tokens for h in a] == [h.tokens for h in b]
+            for x, y in zip(a, b, strict=True):
+                assert x.score == pytest.approx(y.score, abs=1e-5)
+    assert graphs.broken is None
+    assert graphs.recorded >= 1 and graphs.replayed > 2 * graphs.recorded, (graphs.recorded, graphs.replayed)
+
+
 def test_beam_search_on_cuda_equals_cpu_in_fp32(no_tf32):
     model = _tiny_model()
     src, mask = _sources("cpu")

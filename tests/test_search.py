@@ -12,6 +12,7 @@ from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, preset
 from nmt_cli.decoding import beam as beam_module
 from nmt_cli.decoding.cache import DecoderCache
 from nmt_cli.decoding.config import SearchConfig, length_penalty, max_output_lengths
+from nmt_cli.decoding.graphs import StepGraphs
 from nmt_cli.decoding.scheduler import beam_search, decode_batches, greedy_search, search
 from nmt_cli.decoding.state import SearchState
 from nmt_cli.ensemble import Ensemble
@@ -563,3 +564,62 @@ def test_sampling_keeps_the_sentences_order_and_beam_search_takes_the_caches(mon
     assert asked == []
     beam_search(model, src, mask, SearchConfig(beam=2, **SHORT))
     assert asked  # sentences left the batch before the end, in the cache's order
+
+
+@pytest.mark.parametrize("check_every", [1, 4])
+@pytest.mark.parametrize("options", [dict(beam=4, nbest=4), dict(beam=1), dict(beam=4, stop="top"),
+                                     dict(beam=4, nbest=2, min_len=3)])
+def test_the_graphed_step_gives_the_eager_outputs(options, check_every):
+    """The whole step that a GPU records as a CUDA graph (decoding/graphs.py), run on CPU as the recorded function
+    (`replay=False`: the step number a tensor, the state's replaced tensors copied back into the ones it began
+    with, finished sentences leaving after the step): the same hypotheses and scores as the static and exact
+    layouts, batches joining; most steps are replays of a few recorded ones."""
+    model = tiny(seed=12)
+    src, mask, _ = mixed_batch(16, seed=13)
+    batches = [(src[:8], mask[:8]), (src[8:], mask[8:])]
+    cfg = SearchConfig(max_len_a=1.0, max_len_b=10, **options)
+    exact = decode_batches(model, batches, cfg)
+    static = decode_batches(model, batches, cfg, static=True, check_every=check_every)
+    graphs = StepGraphs("cpu")
+    graphed = decode_batches(model, batches, cfg, static=True, check_every=check_every, graphs=graphs)
+    tokens = [[[h.tokens for h in hs] for hs in sum(result, [])] for result in (exact, static, graphed)]
+    assert tokens[2] == tokens[1] == tokens[0]
+    for g, s in zip(sum(graphed, []), sum(static, []), strict=True):
+        assert [h.score for h in g] == [h.score for h in s]
+    assert 1 <= graphs.recorded < graphs.replayed
+
+
+def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
+    """After a step, the state and the cache hold the same tensors (so the next step replays the same graph);
+    the steps the host decides (a forced prefix token, a row at its maximum length, sampling, n-gram bans) are not
+    graphed, and their outputs stay what they are without graphs."""
+    from nmt_cli.decoding.graphs import graphable, step_body, step_key
+    from nmt_cli.decoding.scheduler import algorithm
+
+    model = tiny(seed=3)
+    src, mask, _ = mixed_batch(4, seed=4)
+    cfg = SearchConfig(beam=4, max_len_a=1.0, max_len_b=10)
+    search = algorithm(cfg)
+    cache = model.init_cache(model.encode(src, mask), mask, static=True)
+    max_len = max_output_lengths(mask, src, cfg, None)
+    state = SearchState(4, 4, max_len, int(max_len.max()) + 1, None, 0, "cpu")
+    cache.repeat_beams(4)
+    cache.make_room(model.config.max_positions)
+    state.first_rows()
+    key = step_key(state, cache, cfg, search)
+    step_body(model, cache, state, cfg, search)(0)
+    cache.advance(device=False)
+    cache.make_room(model.config.max_positions)
+    assert step_key(state, cache, cfg, search) == key
+    assert graphable(model, cache, state, cfg, 1)
+    assert not graphable(model, cache, state, cfg, int(max_len.min()) - 1)  # EOS forced on a row
+    for other in (dict(sampling=True, seed=1), dict(no_repeat_ngram=2)):
+        assert not graphable(model, cache, state, SearchConfig(**{**cfg.__dict__, **other}), 1)
+    state.prefix, state.begin = torch.tensor([[5, 6]] * 4), [0] * 4
+    assert not graphable(model, cache, state, cfg, 1) and graphable(model, cache, state, cfg, 2)
+    prefix = [[[5, 6], [], [7], []]]
+    for options in (dict(beam=4), dict(beam=4, no_repeat_ngram=2), dict(beam=4, sampling=True, seed=3, nbest=2)):
+        c = SearchConfig(max_len_a=1.0, max_len_b=10, **options)
+        plain = decode_batches(model, [(src, mask)], c, prefix, static=True)
+        graphed = decode_batches(model, [(src, mask)], c, prefix, static=True, graphs=StepGraphs("cpu"))
+        assert [[h.tokens for h in hs] for hs in plain[0]] == [[h.tokens for h in hs] for hs in graphed[0]]

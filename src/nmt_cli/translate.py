@@ -27,6 +27,7 @@ from nmt_cli import hub_models as hub
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
+from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
 from nmt_cli.decoding.streams import decode_streams
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
@@ -48,6 +49,7 @@ class TranslateConfig:
     max_sentences: int = 512  # sentences per batch
     join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
     workers: int | None = None  # CPU decoding streams, each on its threads // workers threads; None: auto (streams)
+    cuda_graphs: bool = False  # GPU: decoding steps replayed as CUDA graphs (decoding/graphs.py; experimental)
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
     token_scores: bool = False  # add a column: the log-probability of each target piece and EOS
@@ -231,6 +233,10 @@ class Translator:
         self.model = models[0] if len(models) == 1 else Ensemble(models)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)
+        # GPU: static caches, a host check every few steps, and the steps as CUDA graphs (decoding/graphs.py), kept
+        # for the whole input (a graph serves every batch whose tensors land at the same addresses)
+        self.graphs = (StepGraphs(self.device) if self.device.type == "cuda" and self.config.cuda_graphs
+                       and not isinstance(self.model, Ensemble) else None)
         self.generator = torch.Generator(device=self.device)  # sampling: one stream for the whole input
         if self.config.search.seed is not None:
             self.generator.manual_seed(self.config.search.seed)
@@ -256,6 +262,13 @@ class Translator:
         if self.config.workers is not None:
             return self.config.workers
         return 2 if torch.get_num_threads() >= 2 else 1
+
+    def decode_options(self) -> dict:
+        """decode_batches' options: with CUDA graphs on (a GPU), static caches, a host check every GPU_CHECK_EVERY
+        steps (each check waits for the device) and the steps as graphs; else the defaults."""
+        if self.graphs is None:
+            return {}
+        return dict(static=True, check_every=GPU_CHECK_EVERY, graphs=self.graphs)
 
     def batches(self, sources: list[list[int]]) -> Iterator[list[int]]:
         """Indices of non-empty sources, longest first, in batches of <= max_tokens padded tokens."""
@@ -293,7 +306,7 @@ class Translator:
         per_batch = decode_streams(self.model, [self._tensor([sources[i] for i in b]) for b in batches],
                                    self.config.search, [[prefixes[i] for i in b] for b in batches] if prefixes else
                                    None, self.streams(), JOIN_BELOW if self.config.join_batches else 0.0,
-                                   self.generator)
+                                   self.generator, **self.decode_options())
         for batch, found in zip(batches, per_batch, strict=True):
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps

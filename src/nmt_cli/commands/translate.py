@@ -185,6 +185,11 @@ def register(app: typer.Typer) -> None:
             show_default="2 on a CPU with 2 threads or more, else 1",
             help="CPU decoding streams, each on threads/N threads (as CTranslate2's inter_threads); sampling uses 1.",
         ),
+        cuda_graphs: bool = typer.Option(
+            False, "--cuda-graphs", rich_help_panel=_MACHINE,
+            help="On a GPU, replay each decoding step as a CUDA graph (one launch instead of hundreds). "
+                 "Experimental: tested on CPU only, not yet run on a GPU.",
+        ),
     ) -> None:
         from nmt_cli import cpus
         from nmt_cli import translate as core
@@ -209,7 +214,7 @@ def register(app: typer.Typer) -> None:
                 max_tokens=max_tokens, nbest=nbest, scores=scores, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
                 sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
                 alignment=print_alignment.value if print_alignment is not None else None,
-                alignment_layer=alignment_layer, replace_unk=replace_unk, workers=workers,
+                alignment_layer=alignment_layer, replace_unk=replace_unk, workers=workers, cuda_graphs=cuda_graphs,
             )
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
             if sampler is not None and translator.device.type == "cpu":

@@ -28,15 +28,15 @@ class BeamSearch:
         self.cfg = cfg
         self.per = cfg.beam
 
-    def select(self, state: SearchState, t: int, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def select(self, state: SearchState, t: int | Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """lprobs [N*K, V] (constrained) -> the step's candidates (scores, beams, tokens, each [N, 2K]); records
         finished hypotheses and updates `state.done`."""
         scores, beams, tokens = candidates(state, lprobs)
         finalize(state, t, scores, beams, tokens, self.cfg)
         return scores, beams, tokens
 
-    def advance(self, state: SearchState, t: int, chosen: tuple[Tensor, Tensor, Tensor], keep: list[int] | None,
-                ) -> Tensor:
+    def advance(self, state: SearchState, t: int | Tensor, chosen: tuple[Tensor, Tensor, Tensor],
+                keep: list[int] | None) -> Tensor:
         """Continue each kept sentence (all, when `keep` is None) with its K best non-EOS candidates; -> the rows
         of the old batch they extend [N'*K]."""
         scores, beams, tokens = chosen
@@ -51,7 +51,7 @@ class BeamSearch:
             state.keep(keep, tokens=False)
         rows = (first_row + beams.gather(1, order)).view(-1)  # [N'*K] rows of the old batch
         state.tokens = state.tokens.index_select(0, rows)
-        state.tokens[:, t + 1] = tokens.gather(1, order).view(-1)
+        state.set_column(t + 1, tokens.gather(1, order).view(-1))
         state.scores = scores.gather(1, order)
         return rows
 
@@ -96,7 +96,8 @@ def candidates(state: SearchState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tens
     return top_scores, rows.gather(1, which) - first_row, tokens
 
 
-def finalize(state: SearchState, t: int, scores: Tensor, beams: Tensor, tokens: Tensor, cfg: SearchConfig) -> None:
+def finalize(state: SearchState, t: int | Tensor, scores: Tensor, beams: Tensor, tokens: Tensor,
+             cfg: SearchConfig) -> None:
     """Record the EOS candidates ranked within the first K, in rank order, while a sentence holds fewer than K
     finished hypotheses; update `state.done`. Tensor operations only: the slot of each EOS candidate is its
     sentence's count plus its rank among them, and each slot takes the candidate aimed at it (if any)."""

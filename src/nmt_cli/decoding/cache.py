@@ -197,10 +197,13 @@ class Segment:
             self._full.append(flat[spare][:need].view(shape))
         return [full.narrow(1, 0, rows) for full in self._full]
 
-    def advance(self) -> None:
-        """After a step: one position more."""
-        self.length += 1
-        self.pos += 1
+    def advance(self, host: bool = True, device: bool = True) -> None:
+        """After a step: one position more, on the host (`length`) and on the device (`pos`; a CUDA graph's step
+        moves only this one, the host its own after the replay: graphs.py)."""
+        if host:
+            self.length += 1
+        if device:
+            self.pos += 1
 
     def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None) -> None:
         """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences, `kept`
@@ -321,9 +324,9 @@ class DecoderCache:
                 raise ValueError(f"sequence of {s.length + 1} tokens exceeds max_positions {max_positions}")
             s.make_room()
 
-    def advance(self) -> None:
+    def advance(self, host: bool = True, device: bool = True) -> None:
         for s in self.segments:
-            s.advance()
+            s.advance(host, device)
 
     def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
         if len(self.segments) == 1:

@@ -34,7 +34,7 @@ class Sampling:
     def _draw(self, lprobs: Tensor) -> Tensor:
         return torch.multinomial(filtered(lprobs, self.cfg).exp(), 1, generator=self.generator).squeeze(1)
 
-    def select(self, state: SearchState, t: int, lprobs: Tensor) -> Tensor:
+    def select(self, state: SearchState, t: int | Tensor, lprobs: Tensor) -> Tensor:
         """lprobs [R, V] (constrained) -> the chosen tokens [R]; records the rows that end here."""
         choice = self.pick(lprobs)
         state.scores += lprobs.gather(1, choice.unsqueeze(1)).view_as(state.scores)
@@ -49,9 +49,9 @@ class Sampling:
         state.done = state.count >= self.per
         return choice
 
-    def advance(self, state: SearchState, t: int, choice: Tensor, keep: list[int] | None) -> Tensor | None:
+    def advance(self, state: SearchState, t: int | Tensor, choice: Tensor, keep: list[int] | None) -> Tensor | None:
         """Write the chosen tokens; -> the kept rows when sentences leave, None when every row stays."""
-        state.tokens[:, t + 1] = choice
+        state.set_column(t + 1, choice)
         if keep is None:
             return None
         return state.keep(keep)

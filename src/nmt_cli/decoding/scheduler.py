@@ -32,6 +32,7 @@ from nmt_cli.config import PAD_ID
 from nmt_cli.decoding.beam import BeamSearch
 from nmt_cli.decoding.config import Hypothesis, SearchConfig, max_output_lengths
 from nmt_cli.decoding.constraints import constrain, prefix_tensor
+from nmt_cli.decoding.graphs import StepGraphs, graphable, step_body, step_key
 from nmt_cli.decoding.sampling import Sampling
 from nmt_cli.decoding.state import SearchState
 
@@ -80,7 +81,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                    | None = None, generator: torch.Generator | None = None, join_below: float = JOIN_BELOW,
                    check_every: int = CHECK_EVERY, static: bool = False, search: BeamSearch | Sampling | None = None,
                    feed: Feed | None = None, on_done: Callable[[int, list[Hypothesis]], None] | None = None,
-                   stop: Callable[[], bool] | None = None) -> list[list[list[Hypothesis]]]:
+                   stop: Callable[[], bool] | None = None, graphs: StepGraphs | None = None,
+                   ) -> list[list[list[Hypothesis]]]:
     """Search every batch -> per batch, per sentence, its hypotheses (best first; samples in the order drawn).
 
     `prefixes`: per batch, the target token ids each output must start with (one list per sentence), or None.
@@ -94,8 +96,12 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     `on_done(sentence, hypotheses)`: called as each sentence finishes, with its hypotheses as the result would hold
     them; then nothing is kept and the result is []. Without `feed` and `on_done`, behaviour and speed are as before.
     `stop()`: asked at each host check; True ends the decoding there by raising Stopped (streams.py: an interrupted
-    caller's threads)."""
+    caller's threads).
+    `graphs`: run the steps that allow it as CUDA graphs (graphs.py; needs `static`; not with `feed`): then the
+    finished sentences leave after their step, at the host check, instead of within it."""
     cfg = cfg.validate()
+    if graphs is not None and (feed is not None or not static):
+        raise ValueError("graphs need static caches and batches given up front (no feed)")
     pending = iter(batches) if feed is None else iter(())
     upcoming = next(pending, None) if feed is None else feed.wait()
     if upcoming is None:
@@ -149,11 +155,19 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             if on_done is None:
                 results += [[] for _ in range(n)]
                 sizes.append(n)
+        elif graphs is not None and graphable(model, cache, state, cfg, t):
+            cache.make_room(model.config.max_positions)  # (a new bucket: new buffers, and a new graph)
+            state.first_rows()  # made before the key, not inside a recording
+            graphs.run(step_key(state, cache, cfg, search), step_body(model, cache, state, cfg, search), t)
+            cache.advance(device=False)
+            lprobs = None  # the whole step is done: select and advance too (all rows; leaving is below)
         else:
-            lprobs = _log_probs(model, state.tokens[:, t].contiguous(), cache)  # [N*per, V]
-        history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
-        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), history, state.forced(t))
-        chosen = search.select(state, t, lprobs)
+            lprobs = _log_probs(model, state.column(t), cache)  # [N*per, V]
+        if lprobs is not None:
+            history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
+            constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), history,
+                      state.forced(t))
+            chosen = search.select(state, t, lprobs)
         checked = (t + 1) % check_every == 0 or t + 1 >= max(state.max_len_host)  # (all must be done)
         keep = None
         if checked:
@@ -179,9 +193,12 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                 keep = [i for i, d in enumerate(done) if d is False]
                 if not search.keeps_order:
                     keep = cache.order(keep)
-        rows = search.advance(state, t, chosen, keep)
-        if rows is not None:
-            cache.reorder(rows, keep)
+        if lprobs is not None:
+            rows = search.advance(state, t, chosen, keep)
+            if rows is not None:
+                cache.reorder(rows, keep)
+        elif keep is not None:  # a graph advanced every row: the finished sentences leave now
+            cache.reorder(state.keep(keep), keep)
         if keep is not None:
             drop = state.trim()  # steps before the oldest unfinished sentence began
             t -= drop

@@ -26,13 +26,17 @@ from nmt_cli.decoding.scheduler import Batch, Stopped, decode_batches
 
 
 def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None, streams: int,
-                   join_below: float, generator: torch.Generator | None = None) -> list[list[list[Hypothesis]]]:
+                   join_below: float, generator: torch.Generator | None = None, **options,
+                   ) -> list[list[list[Hypothesis]]]:
     """`decode_batches` over `batches` by `streams` threads -> per batch, per sentence, its hypotheses (as
     decode_batches). While they run, each stream has torch.get_num_threads() // streams intra-op threads (at least
     one); the count is restored afterwards. `streams` 1 is decode_batches itself. Sampling's draws would depend on
-    which stream draws first: give it one stream (the caller's job; ValueError otherwise)."""
+    which stream draws first: give it one stream (the caller's job; ValueError otherwise). `options` go to
+    decode_batches (one stream only: a GPU's static caches and CUDA graphs)."""
     if streams <= 1 or len(batches) < 2:
-        return decode_batches(model, batches, cfg, prefixes, generator, join_below)
+        return decode_batches(model, batches, cfg, prefixes, generator, join_below, **options)
+    if options:
+        raise ValueError(f"decoding options {sorted(options)} need one stream")
     if cfg.sampling:
         raise ValueError("sampling draws from one generator: decode it as one stream")
     streams = min(streams, len(batches))

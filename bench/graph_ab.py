@@ -1,0 +1,73 @@
+"""nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
+beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Needs a GPU.
+
+    python bench/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from nmt_cli.config import ModelConfig  # noqa: E402
+from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
+from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs  # noqa: E402
+from nmt_cli.model import Transformer, avoid_cudnn_attention  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14_newstest_ende"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--precision", default="fp16", choices=("fp16", "bf16", "fp32"))
+    p.add_argument("--lines", type=int, default=3003)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=6000)
+    args = p.parse_args()
+    avoid_cudnn_attention()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.precision]
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=32000, dropout=0.0)).cuda().to(dtype).eval()
+    # source lengths as newstest2014's in words x 1.3 (no tokenizer needed), longest first, batches of max-tokens
+    lengths = [min(250, int(len(line.split()) * 1.3) + 1) for line in
+               (DATA / "test.en").read_text(encoding="utf-8").splitlines()[: args.lines]]
+    lengths.sort(reverse=True)
+    g = torch.Generator().manual_seed(0)
+    batches, i = [], 0
+    while i < len(lengths):
+        n = max(1, min(512, args.max_tokens // lengths[i]))
+        width = lengths[i]
+        src = torch.randint(4, 32000, (len(lengths[i : i + n]), width), generator=g)
+        for row, length in enumerate(lengths[i : i + n]):
+            src[row, length - 1] = 3
+            src[row, length:] = 0
+        batches.append((src.cuda(), (src == 0).cuda()))
+        i += n
+    cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=33)
+    graphs = StepGraphs("cuda")
+    modes = {"graphs": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=graphs),
+             "static": dict(static=True, check_every=GPU_CHECK_EVERY),
+             "exact (before)": dict()}
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.precision}, {len(lengths)} sentences, "
+          f"{len(batches)} batches")
+    decode_batches(model, batches[:2], cfg, **modes["graphs"])  # warm-up
+    for r in range(args.rounds):
+        for name, options in modes.items():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            decode_batches(model, batches, cfg, **options)
+            torch.cuda.synchronize()
+            s = time.perf_counter() - start
+            print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
+    print(f"  graphs: {graphs.recorded} recorded, {graphs.replayed} replayed, {graphs.eager} eager, "
+          f"broken: {graphs.broken}")
+
+
+if __name__ == "__main__":
+    main()

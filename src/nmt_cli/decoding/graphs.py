@@ -1,0 +1,193 @@
+"""CUDA graphs of the whole decoding step (GPU): the model's static step, log-softmax, the constraints, the search's
+`select` and `advance` and the cache's beam reorder, recorded once and then replayed as one launch.
+
+Why: a step of a 6-layer model is some 300 small kernels. Launched one by one from Python, the host sets the pace
+and the GPU waits (an H200 was busy 17-61% of the time, and nmt decoded at 0.27-0.41x CTranslate2 float16;
+docs/results-history.md). A graph replays them all for the cost of one launch.
+
+What makes a step replayable:
+  - The step reads no host value that changes from step to step: the step number `t` is a [1] device tensor in a
+    graph (filled before each replay), the cache's positions are device tensors (static layout, cache.py), and the
+    steps where the host decides something (joins, forced prefixes, the maximum length, repeated n-grams, sampling's
+    generator) run eagerly (`graphable`).
+  - Every step reads and writes the same memory: the tensors the search would replace (`state.tokens = ...`,
+    finalize's `torch.where`) are copied back into the ones the step began with, and the static cache reorders in
+    place. A graph is keyed by the address, shape and strides of every tensor of the state and the cache
+    (`step_key`) and by the search's settings, and replayed only where all of them are the same; a new key (the
+    capacity grew to its next bucket, sentences left or joined) records a new graph, from its first step.
+  - Sentences leave only at the scheduler's host checks (every GPU_CHECK_EVERY steps), after the step: the graph
+    always advances every row, and the scheduler then drops the finished sentences (scheduler.py).
+
+Graphs share one memory pool (their temporaries never live at the same time) and the least recently used are
+dropped past GRAPH_LIMIT. On a CPU the same object runs the step eagerly with `t` as a tensor (`replay=False`),
+which is how the tests check the graph's arithmetic without a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from nmt_cli.decoding.config import SearchConfig
+from nmt_cli.decoding.constraints import constrain
+
+GRAPH_LIMIT = 32  # graphs kept (least recently used dropped)
+GPU_CHECK_EVERY = 4  # host checks on a GPU: each one waits for the device to finish its queued steps
+
+
+class StepGraphs:
+    """Records and replays the decoding step (module docstring). One per model and device; `run` is all the
+    scheduler calls. Counts (`recorded`, `replayed`, `eager`) say what happened, for tests and benchmarks."""
+
+    def __init__(self, device, replay: bool | None = None, limit: int = GRAPH_LIMIT):
+        self.device = torch.device(device)
+        self.replay = self.device.type == "cuda" if replay is None else replay
+        self.limit = limit
+        self.t = torch.zeros(1, dtype=torch.long, device=self.device)  # the step number a graph reads
+        self.graphs: OrderedDict[tuple, object] = OrderedDict()
+        self.warm = not self.replay  # a first step runs eagerly on the recording stream (lazy library set-up)
+        self.broken: str | None = None  # why recording failed (then every step runs eagerly)
+        self.check_syncs = False  # tests: any host sync within a step raises (torch.cuda.set_sync_debug_mode)
+        self.recorded = self.replayed = self.eager = 0
+        if self.replay:
+            self.pool = torch.cuda.graph_pool_handle()
+            self.stream = torch.cuda.Stream(self.device)
+
+    def run(self, key: tuple, body: Callable[[int | Tensor], None], t: int) -> None:
+        """Run one step: `body(t)` with the host's int, or the graph recorded for `key` with `self.t` = t."""
+        graph = self.graphs.get(key)
+        if graph is not None:
+            self.graphs.move_to_end(key)
+            self.t.fill_(t)
+            with self._no_syncs():
+                graph.replay() if self.replay else body(self.t)
+            self.replayed += 1
+            return
+        if self.broken is None and not self.warm:
+            with self._on_stream(), self._no_syncs():
+                body(t)
+            self.warm = True
+            self.eager += 1
+            return
+        if self.broken is not None:
+            with self._no_syncs():
+                body(t)
+            self.eager += 1
+            return
+        self.t.fill_(t)
+        graph = self._record(body) if self.replay else body
+        if graph is None:  # recording failed: this step eagerly, and every later one
+            with self._no_syncs():
+                body(t)
+            self.eager += 1
+            return
+        self.graphs[key] = graph
+        if len(self.graphs) > self.limit:
+            self.graphs.popitem(last=False)
+        self.recorded += 1
+        with self._no_syncs():
+            graph.replay() if self.replay else body(self.t)
+        self.replayed += 1
+
+    def _record(self, body) -> torch.cuda.CUDAGraph | None:
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with self._on_stream():
+                graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+                try:
+                    body(self.t)
+                finally:
+                    graph.capture_end()
+        except RuntimeError as exc:  # an operation a graph cannot hold: decode eagerly from now on
+            self.broken = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            warnings.warn(f"CUDA graphs turned off for this run: recording a decoding step failed ({self.broken}); "
+                          "decoding goes on without them (slower). Please report this.", RuntimeWarning, stacklevel=3)
+            return None
+        return graph
+
+    @contextmanager
+    def _on_stream(self):
+        """Work on the recording stream (graphs are recorded off the default stream), ordered after and before the
+        caller's stream."""
+        if not self.replay:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            yield
+        torch.cuda.current_stream(self.device).wait_stream(self.stream)
+
+    @contextmanager
+    def _no_syncs(self):
+        if not (self.check_syncs and self.device.type == "cuda"):
+            yield
+            return
+        before = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(before)
+
+
+def graphable(model, cache, state, cfg: SearchConfig, t: int) -> bool:
+    """Whether step t can run as a graph: a single model's static step over static caches, no sampling (its
+    generator), no n-gram bans (their history grows), no forced prefix token and no row at its maximum length at
+    this step (the host decides those)."""
+    if not hasattr(model, "static_step") or not hasattr(cache, "segments"):
+        return False
+    if cfg.sampling or cfg.no_repeat_ngram or not all(s.static for s in cache.segments):
+        return False
+    if state.prefix is not None and t - max(state.begin) < state.prefix.size(1):
+        return False
+    return min(state.max_len_host) > t + 1  # (else `force_eos(t)` masks rows)
+
+
+def step_key(state, cache, cfg: SearchConfig, search) -> tuple:
+    """What a recorded step depends on: the search and its settings, and the address, shape and strides of every
+    tensor of the state and the cache's segments (None where an optional one is absent)."""
+    parts: list = [type(search).__name__, dataclasses.astuple(cfg)]
+    for obj in (state, *cache.segments):
+        for value in vars(obj).values():
+            if isinstance(value, Tensor):
+                parts.append(_signature(value))
+            elif value is None:
+                parts.append(None)
+            elif isinstance(value, list) and value and isinstance(value[0], Tensor):
+                parts.extend(_signature(v) for v in value)
+    return tuple(parts)
+
+
+def _signature(x: Tensor) -> tuple:
+    return x.data_ptr(), x.shape, x.stride(), x.dtype
+
+
+def step_body(model, cache, state, cfg: SearchConfig, search) -> Callable[[int | Tensor], None]:
+    """The whole step as a function of t: the model's static step (the cache's device positions move on; the
+    host's `length` is the caller's), log-softmax, constraints, select, advance (no sentence leaves) and the
+    cache's reorder; the state's tensors it replaced are copied back into the ones it began with."""
+
+    def body(t: int | Tensor) -> None:
+        before = {name: v for name, v in vars(state).items() if isinstance(v, Tensor)}
+        logits = model.static_step(state.column(t), cache)
+        cache.advance(host=False)
+        lprobs = F.log_softmax(logits.float(), dim=-1)
+        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, None)
+        chosen = search.select(state, t, lprobs)
+        rows = search.advance(state, t, chosen, None)
+        if rows is not None:
+            cache.reorder(rows, None)
+        for name, old in before.items():
+            new = getattr(state, name)
+            if new is not old and new.shape == old.shape:  # (a cache made for another size stays new)
+                old.copy_(new)
+                setattr(state, name, old)
+
+    return body
