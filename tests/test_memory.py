@@ -167,6 +167,7 @@ def test_translate_shapes_are_the_longest_and_the_most_sentences():
     assert translate_shapes(65536, 256, 512) == [(256, 256), (512, 128)]
     assert translate_shapes(4096, 256, 512) == [(16, 256), (512, 8)]
     assert translate_shapes(100_000, 100, 512) == [(512, 100)]  # many sentences are the longest ones too
+    assert translate_shapes(300, 256, 512) == [(1, 256), (300, 1)]  # never more tokens than asked
 
 
 def test_translation_probe_decodes_every_output_to_its_maximum_length():

@@ -200,7 +200,7 @@ def translate_shapes(tokens: int, longest_source: int, max_sentences: int) -> li
     shapes = [(max(1, min(max_sentences, tokens // longest_source)), longest_source)]
     short = max(1, tokens // max_sentences)
     if short < longest_source:
-        shapes.append((max_sentences, short))
+        shapes.append((max(1, min(max_sentences, tokens // short)), short))
     return shapes
 
 
