@@ -244,3 +244,95 @@ def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, ba
     assert results == [(0, True, 8), (1, True, 8)]
     ckpt = load(tmp_path / "run" / "checkpoint_last.pt")
     assert ckpt.train_state["world_size"] == 2 and ckpt.train_state["step"] == 8
+
+
+# ---- --max-tokens auto under a memory cap (nmt_cli/memory.py) ---------------------------------------------------
+
+
+class memory_budget:
+    """Cap this process's CUDA allocations at what is allocated now plus `budget` bytes
+    (torch.cuda.set_per_process_memory_fraction); the cap is lifted (fraction 1.0) on exit."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+
+    def __enter__(self):
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_allocated() + self.budget) / total))
+        return self
+
+    def __exit__(self, *exc):
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+
+
+MIB = 2**20
+
+
+def test_training_probe_shrinks_with_the_memory_cap_and_its_answer_trains():
+    from nmt_cli.memory import largest_train_batch, train_fits
+    from nmt_cli.training.runtime import DTYPES
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(8000, d_model=256, d_ff=1024, n_heads=4, max_positions=128)).cuda()
+    optimizer = torch.optim.Adam(model.parameters())
+
+    def bf16():
+        return torch.autocast("cuda", dtype=DTYPES["bf16"])
+
+    found = {}
+    for budget in (768 * MIB, 3072 * MIB):
+        with memory_budget(budget):
+            found[budget] = largest_train_batch(model, optimizer, bf16, longest=64, cap=10**6)
+            # what the probe answered trains under the same cap (fresh Adam moments counted)
+            assert found[budget] is not None and train_fits(model, optimizer, bf16, 64, 0.1)(found[budget])
+    small, large = found[768 * MIB], found[3072 * MIB]
+    assert 64 <= small < 0.7 * large, found
+    assert all(p.grad is None for p in model.parameters()) and not optimizer.state
+
+
+def test_translation_probe_shrinks_with_the_memory_cap_and_its_answer_translates(tmp_path, toy_tokenizer_bytes):
+    from nmt_cli.translate import PROBE_CAP
+
+    path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1, d_model=64, d_ff=128, max_positions=160)
+    lines = [" ".join(p[0] for p in toy_pairs(8, seed=i)) for i in range(300)]  # long lines: ~40 words
+    config = TranslateConfig(search=SearchConfig(beam=4), max_tokens="auto")
+    found = {}
+    for budget in (1024 * MIB, 4096 * MIB):
+        with memory_budget(budget):
+            translator = Translator(load_checkpoints([path]), "cuda", "fp32", config)
+            found[budget] = translator.config.max_tokens
+            assert "probed" in translator.max_tokens_reason
+            out = translator.translate(lines)  # no out-of-memory error with the probed batches
+            assert len(out) == len(lines)
+            del translator
+    small, large = found[1024 * MIB], found[4096 * MIB]
+    assert small < large or (small < PROBE_CAP and large == PROBE_CAP), found
+
+
+def test_train_with_max_tokens_auto_under_a_cap_records_what_it_used(toy_data_dir, tmp_path):
+    events = []
+    with memory_budget(512 * MIB):
+        result = train(cuda_cfg(toy_data_dir, tmp_path / "run", max_tokens="auto", update_tokens=4096, max_steps=4,
+                                model=dict(SMALL, d_model=64, d_ff=128)), progress=events.append)
+    assert result.step == 4
+    start = next(e for e in events if e["kind"] == "start")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert "fit" in start["max_tokens_auto"] and config["max_tokens"] == start["max_tokens"] <= 4096
+    assert config["options"]["max_tokens"] == "auto"
+    ckpt = load(tmp_path / "run" / "checkpoint_last.pt")
+    assert ckpt.train_state["probed_max_tokens"] >= start["max_tokens"]
+
+
+def test_cuda_out_of_memory_in_translation_is_one_line(tmp_path, toy_tokenizer_bytes):
+    """A real CUDA out-of-memory error (a cap far below one batch) ends nmt translate with one line."""
+    path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1)
+    text = "".join(p[0] + "\n" for p in toy_pairs(2000, seed=5))  # short lines: no truncation warning
+    script = ("import torch, sys; from nmt_cli.cli import main; torch.cuda.init(); "
+              "torch.cuda.set_per_process_memory_fraction(16 * 2**20 / torch.cuda.get_device_properties(0).total_memory);"
+              " main(sys.argv[1:])")
+    r = subprocess.run([sys.executable, "-c", script, "translate", "-m", str(path), "--device", "cuda",
+                        "--max-tokens", "200000"], input=text, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.count("\n") == 1 and "memory" in r.stderr and "--max-tokens" in r.stderr, r.stderr

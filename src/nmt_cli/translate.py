@@ -32,11 +32,14 @@ from nmt_cli.decoding.streams import decode_streams
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.lines import iter_lines
+from nmt_cli.memory import OutOfMemory, out_of_memory_advice
 from nmt_cli.precision import DEVICES, resolve_device, resolve_dtype, slow_bf16_warning  # noqa: F401 (API)
 
 # Batch size by padded source tokens when not given: on CPU, batches that keep the [beam x rows, vocabulary]
 # step tensors small are faster. Defined in defaults.py, which `nmt translate --help` shows too.
 DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS_PER_DEVICE
+# The largest batch max_tokens "auto" looks for: beyond it a GPU is already busy (the probe stays a few seconds).
+PROBE_CAP = 65536
 
 
 @dataclass
@@ -45,7 +48,8 @@ class TranslateConfig:
 
     search: SearchConfig = field(default_factory=SearchConfig)
     buffer_size: int = 2000  # input lines per chunk (output is flushed after each chunk)
-    max_tokens: int | None = None  # padded source tokens per batch; None: DEFAULT_MAX_TOKENS of the device
+    max_tokens: int | str | None = None  # padded source tokens per batch; None: DEFAULT_MAX_TOKENS of the device;
+    # "auto": on a GPU the largest batch that fits, probed when the Translator is made (memory.py); on CPU the default
     max_sentences: int = 512  # sentences per batch
     join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
     workers: int | None = None  # CPU decoding streams, each on its threads // workers threads; None: auto (streams)
@@ -75,8 +79,14 @@ class TranslateConfig:
         return cls(search=SearchConfig(**search), **{k: v for k, v in options.items() if k in fields}).validate()
 
     def validate(self) -> TranslateConfig:
+        if isinstance(self.max_tokens, str) and self.max_tokens != "auto":
+            try:
+                self.max_tokens = int(self.max_tokens)
+            except ValueError:
+                raise ConfigError(f"max-tokens must be a positive integer or 'auto', got {self.max_tokens!r}") from None
         for name in ("buffer_size", "max_tokens", "max_sentences", "workers"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value != "auto" and value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.alignment not in (None, "words", "pieces"):
             raise ConfigError(f"unknown alignment unit {self.alignment!r}; choose words or pieces")
@@ -207,8 +217,10 @@ class Translator:
 
             avoid_cudnn_attention()
         self.config = (config or TranslateConfig()).validate()
-        if self.config.max_tokens is None:
+        auto = self.config.max_tokens == "auto"
+        if self.config.max_tokens is None or auto:
             self.config = dataclasses.replace(self.config, max_tokens=DEFAULT_MAX_TOKENS[self.device.type])
+        self.max_tokens_reason: str | None = None  # with max_tokens "auto": how it was chosen (the CLI prints it)
         self.warn = warn or Warner()
         slow = slow_bf16_warning(self.dtype, self.device)
         if slow is not None:
@@ -237,11 +249,30 @@ class Translator:
         # for the whole input (a graph serves every batch whose tensors land at the same addresses)
         self.graphs = (StepGraphs(self.device) if self.device.type == "cuda" and self.config.cuda_graphs
                        and not isinstance(self.model, Ensemble) else None)
+        if auto:
+            self._probe_max_tokens()
         self.generator = torch.Generator(device=self.device)  # sampling: one stream for the whole input
         if self.config.search.seed is not None:
             self.generator.manual_seed(self.config.search.seed)
         else:
             self.generator.seed()
+
+    def _probe_max_tokens(self) -> None:
+        """max_tokens "auto": on a GPU, SAFETY x the largest batch whose full-length search fits (memory.py), at
+        most PROBE_CAP; elsewhere the device's default."""
+        if self.device.type != "cuda":
+            self.max_tokens_reason = (f"{self.config.max_tokens}, the {self.device.type.upper()} default (the probe "
+                                      "needs a CUDA GPU)")
+            return
+        from nmt_cli.memory import SAFETY, largest_translate_batch
+
+        found = largest_translate_batch(self.model, self.config.search, self.max_src_tokens + 1,
+                                        self.config.max_sentences, self.device, PROBE_CAP)
+        if found is None:
+            raise OutOfMemory(f"--max-tokens auto: not even one sentence fits in GPU memory with --beam "
+                              f"{self.config.search.beam}; lower --beam or use --device cpu")
+        self.config = dataclasses.replace(self.config, max_tokens=found)
+        self.max_tokens_reason = f"{found} ({SAFETY:.0%} of the largest batch that fit a full-length search, probed)"
 
     def encode(self, lines: list[str], first_line: int) -> list[list[int]]:
         """Source ids with EOS appended ([] for an empty line); over-long lines truncated with a warning."""
@@ -303,16 +334,22 @@ class Translator:
         results: list[list[Hypothesis]] = [[Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
                                            for i in range(len(sources))]
         batches = list(self.batches(sources))
-        per_batch = decode_streams(self.model, [self._tensor([sources[i] for i in b]) for b in batches],
-                                   self.config.search, [[prefixes[i] for i in b] for b in batches] if prefixes else
-                                   None, self.streams(), JOIN_BELOW if self.config.join_batches else 0.0,
-                                   self.generator, **self.decode_options())
+        with out_of_memory_advice(self._out_of_memory):
+            per_batch = decode_streams(self.model, [self._tensor([sources[i] for i in b]) for b in batches],
+                                       self.config.search, [[prefixes[i] for i in b] for b in batches] if prefixes else
+                                       None, self.streams(), JOIN_BELOW if self.config.join_batches else 0.0,
+                                       self.generator, **self.decode_options())
         for batch, found in zip(batches, per_batch, strict=True):
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps
                 self.src_tokens += len(sources[i])
                 self.tgt_tokens += len(hyps[0].tokens) + 1
         return results
+
+    def _out_of_memory(self) -> str:
+        cfg = self.config
+        return (f"out of {self.device.type.upper()} memory translating batches of up to {cfg.max_tokens} padded source "
+                f"tokens with beam {cfg.search.beam}; lower --max-tokens or --beam (Python: max_tokens, beam)")
 
     def translate(self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None,
                   ) -> list[list[Translation]]:
@@ -327,7 +364,8 @@ class Translator:
             owner = [i for i, hs in enumerate(hyps) for _ in hs]
             texts = [_keep_prefix(t, prefixes[i], prefix_ids[i], self.tokenizer) for t, i in zip(texts, owner,
                                                                                                 strict=True)]
-        extras = self._analyse(lines, sources, hyps) if self.config.analyse else [(None, None, None)] * len(flat)
+        with out_of_memory_advice(self._out_of_memory):
+            extras = self._analyse(lines, sources, hyps) if self.config.analyse else [(None, None, None)] * len(flat)
         it = iter(zip(flat, texts, extras, strict=True))
         out = []
         for hs in hyps:

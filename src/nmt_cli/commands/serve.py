@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         topp: float = OPTIONS["topp"](),
         temperature: float = OPTIONS["temperature"](),
         seed: int = OPTIONS["seed"](),
-        max_tokens: int | None = OPTIONS["max_tokens"](),
+        max_tokens: str = OPTIONS["max_tokens"](),
         device: DeviceChoice = OPTIONS["device"](),
         precision: Precision = OPTIONS["precision"](),
         threads: int = OPTIONS["threads"](),
@@ -126,6 +126,8 @@ def register(app: typer.Typer) -> None:
             seen[pair] = name
             translator = core.Translator(ckpts, device.value, precision.value,
                                          core.TranslateConfig.from_options(**options), core.Warner(warning_line))
+            if translator.max_tokens_reason is not None:
+                note_line(f"{pair[0]}-{pair[1]}: --max-tokens auto: {translator.max_tokens_reason}")
             loaded.append((name, pair, translator))
         if sampler is not None and all(t.device.type == "cpu" for _, _, t in loaded):
             choice = sampler.threads()

@@ -12,6 +12,7 @@ import typer
 
 from nmt_cli import defaults
 from nmt_cli.commands.helpformat import Command
+from nmt_cli.commands.options import max_tokens_option
 from nmt_cli.precision import TrainPrecision
 
 _SUMMARY = "Train a Transformer on a prepared data directory"
@@ -109,9 +110,11 @@ def register(app: typer.Typer) -> None:
                                  show_default="d_model^-0.5 * warmup^-0.5", help="Peak learning rate."),
         warmup: int = typer.Option(None, "--warmup", min=1, metavar="N", rich_help_panel=_RECIPE,
                                    show_default="tiny 400, base and big 4000", help="Warmup updates."),
-        max_tokens: int = typer.Option(None, "--max-tokens", min=1, metavar="N", rich_help_panel=_RECIPE,
-                                       show_default="update size / processes, at most 8192 on CPU (tiny 2048)",
-                                       help="Padded tokens per micro-batch per process."),
+        max_tokens: str = typer.Option(
+            None, "--max-tokens", callback=max_tokens_option, metavar="N|auto", rich_help_panel=_RECIPE,
+            show_default="update size / processes, at most 8192 on CPU (tiny 2048)",
+            help="Padded tokens per micro-batch per process; auto: the largest that fits the GPU, probed at the "
+                 "start (on CPU: the default)."),
         update_freq: str = typer.Option("auto", "--update-freq", callback=_update_freq, metavar="N|auto",
                                         rich_help_panel=_RECIPE,
                                         help="Micro-batches per update, or auto to reach --update-tokens."),
@@ -277,6 +280,8 @@ class Display:
                   f"process(es) = at most {e['max_tokens_per_update']} padded tokens, ~{e['tgt_tokens_per_update']:.0f} "
                   f"target tokens per update ({e['batches_per_epoch']} batches/epoch, "
                   f"{100 * e['padding_efficiency']:.0f}% non-pad)")
+        if e.get("max_tokens_auto"):
+            self.line(f"--max-tokens auto: {e['max_tokens_auto']}")
         if e["device"] == "cuda" and e["max_tokens"] < defaults.MAX_TOKENS_PER_DEVICE["cuda"]:
             self.line(f"note: micro-batches of {e['max_tokens']} tokens keep a large GPU waiting for kernel launches "
                       "(an H200 took 31 ms per 3125-token update of base and of big alike); docs/train.md says how "

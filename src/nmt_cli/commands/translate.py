@@ -12,6 +12,7 @@ import typer
 
 from nmt_cli import defaults
 from nmt_cli.commands.helpformat import Command
+from nmt_cli.commands.options import max_tokens_option
 from nmt_cli.lines import open_input
 from nmt_cli.precision import TranslatePrecision
 
@@ -104,8 +105,10 @@ OPTIONS = {
     "seed": lambda: typer.Option(None, "--seed", metavar="N", rich_help_panel=_SAMPLING,
         help="Random seed (same seed, input and batching: same output)."),
     "max_tokens": lambda: typer.Option(
-        None, "--max-tokens", min=1, metavar="N", rich_help_panel=_MACHINE, show_default=defaults.max_tokens_help(),
-        help="Padded source tokens per batch."
+        None, "--max-tokens", callback=max_tokens_option, metavar="N|auto", rich_help_panel=_MACHINE,
+        show_default=defaults.max_tokens_help(),
+        help="Padded source tokens per batch; auto: the largest that fits the GPU, probed once at the start (on "
+        "CPU: the default)."
         ),
     "device": lambda: typer.Option(Device.auto, "--device", rich_help_panel=_MACHINE,
         help="auto picks cuda when available."),
@@ -176,7 +179,7 @@ def register(app: typer.Typer) -> None:
         ),
         buffer_size: int = typer.Option(2000, "--buffer-size", min=1, metavar="N", rich_help_panel=_MACHINE,
                                         help="Input lines read (and output flushed) per chunk."),
-        max_tokens: int | None = OPTIONS["max_tokens"](),
+        max_tokens: str = OPTIONS["max_tokens"](),
         device: Device = OPTIONS["device"](),
         precision: Precision = OPTIONS["precision"](),
         threads: int = OPTIONS["threads"](),
@@ -216,6 +219,8 @@ def register(app: typer.Typer) -> None:
                 alignment=print_alignment.value if print_alignment is not None else None,
                 alignment_layer=alignment_layer, replace_unk=replace_unk, workers=workers, cuda_graphs=cuda_graphs,
             )
+            if translator.max_tokens_reason is not None:
+                note_line(f"--max-tokens auto: {translator.max_tokens_reason}")
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
             if sampler is not None and translator.device.type == "cpu":
                 choice = sampler.threads()

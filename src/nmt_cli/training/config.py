@@ -49,7 +49,8 @@ class TrainConfig:
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no clipping
     # batching
-    max_tokens: int | None = None  # padded source (and target) tokens per micro-batch per process
+    max_tokens: int | str | None = None  # padded source (and target) tokens per micro-batch per process; "auto":
+    # the largest that fits the GPU, probed at the start (memory.py); on CPU the default
     update_freq: int | str = "auto"  # micro-batches accumulated per update, or "auto" (reach update_tokens)
     update_tokens: int | None = None  # target tokens per update that "auto" aims at (the paper: 25000)
     # stopping
@@ -90,12 +91,17 @@ class TrainConfig:
                 self.update_freq = int(self.update_freq)
             except ValueError as exc:
                 raise ConfigError(f"--update-freq must be a positive integer or 'auto', got {self.update_freq!r}") from exc
+        if isinstance(self.max_tokens, str) and self.max_tokens != "auto":
+            try:
+                self.max_tokens = int(self.max_tokens)
+            except ValueError as exc:
+                raise ConfigError(f"--max-tokens must be a positive integer or 'auto', got {self.max_tokens!r}") from exc
         positive = ("lr", "warmup", "max_tokens", "update_tokens", "max_steps", "max_epochs", "max_time", "patience",
                     "save_every", "save_every_minutes", "keep_last", "average_last", "valid_every", "threads",
                     "dist_timeout")
         for name in positive:
             value = getattr(self, name)
-            if value is not None and value <= 0:
+            if value is not None and value != "auto" and value <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
         if isinstance(self.update_freq, int) and self.update_freq < 1:
             raise ConfigError(f"--update-freq must be at least 1, got {self.update_freq}")
@@ -136,6 +142,7 @@ class BatchPlan:
     update_freq: int
     world_size: int
     update_tokens: int  # the target "auto" aimed at
+    probe: bool = False  # --max-tokens auto on a GPU: max_tokens is provisional until the run probes (memory.py)
 
     @property
     def max_tokens_per_update(self) -> int:
@@ -171,9 +178,14 @@ def resolve_batching(cfg: TrainConfig, world_size: int, device_type: str, model=
     12500). On CPU it is capped (smaller micro-batches are as fast there and use less memory). The update size stays
     the recipe's (the paper's 25000 tokens) in every case. --update-freq auto = round(update_tokens / (max_tokens *
     processes)), >= 1, so one GPU with accumulation reproduces the paper's 8-GPU batch.
+    --max-tokens auto: the default on CPU; on a GPU the default above, marked `probe`, until the run replaces it by
+    what fits (`probed_batching`, memory.py).
     """
     update_tokens = cfg.update_tokens or cfg.recipe("update_tokens")
     max_tokens = cfg.max_tokens
+    probe = max_tokens == "auto" and device_type == "cuda"
+    if max_tokens == "auto":  # on a GPU, the estimate below until the probe's answer (`probed_batching`)
+        max_tokens = None
     if max_tokens is None:
         max_tokens = math.ceil(update_tokens / world_size)
         if device_type == "cpu":
@@ -188,7 +200,26 @@ def resolve_batching(cfg: TrainConfig, world_size: int, device_type: str, model=
         update_freq = max(1, round(update_tokens / (max_tokens * world_size)))
     else:
         update_freq = int(cfg.update_freq)
-    return BatchPlan(max_tokens, update_freq, world_size, update_tokens)
+    return BatchPlan(max_tokens, update_freq, world_size, update_tokens, probe)
+
+
+def probe_cap(plan: BatchPlan) -> int:
+    """The largest micro-batch `--max-tokens auto` looks for: one process's share of the update (a larger one would
+    only make the update larger than the recipe's)."""
+    return math.ceil(plan.update_tokens / plan.world_size)
+
+
+def probed_batching(cfg: TrainConfig, plan: BatchPlan, fits: int) -> BatchPlan:
+    """The batch plan once the probe found that micro-batches of `fits` tokens fit: with --update-freq auto, the
+    process's share of the update split into the fewest equal micro-batches of at most `fits` tokens (25000 on a GPU
+    that fits 14000: 2 x 12500, the update size kept); with a fixed --update-freq, micro-batches of `fits`."""
+    share = probe_cap(plan)
+    if cfg.update_freq != "auto":
+        return dataclasses.replace(plan, max_tokens=fits, probe=False)
+    parts = math.ceil(share / max(1, min(fits, share)))
+    max_tokens = math.ceil(share / parts)
+    update_freq = max(1, round(plan.update_tokens / (max_tokens * plan.world_size)))
+    return dataclasses.replace(plan, max_tokens=max_tokens, update_freq=update_freq, probe=False)
 
 
 def resolve_save_minutes(cfg: TrainConfig) -> float:

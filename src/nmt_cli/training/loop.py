@@ -14,6 +14,7 @@ Only rank 0 logs and writes files; ranks read disjoint batches (`epoch_batches`)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import random
@@ -31,6 +32,7 @@ from nmt_cli.config import PAD_ID
 from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
 from nmt_cli.data.store import Batch, ParallelData, collate, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
+from nmt_cli.memory import SAFETY, OutOfMemory, out_of_memory_advice
 from nmt_cli.training.checkpoints import (
     AVERAGED,
     BEST,
@@ -44,7 +46,7 @@ from nmt_cli.training.checkpoints import (
 )
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.training.metrics_log import MetricsLog, Window
-from nmt_cli.training.plan import RunPlan, _plain
+from nmt_cli.training.plan import RunPlan, _plain, write_run_config
 from nmt_cli.training.runtime import Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 from nmt_cli.training.signals import StopSignals
@@ -106,13 +108,7 @@ class Trainer:
         self.tokenizer = read_tokenizer(cfg.data_dir)
         manifest = load_manifest(cfg.data_dir)
         self.train_data = ParallelData(cfg.data_dir, "train", manifest)
-        self.batches = make_batches(self.train_data.src_lengths, self.train_data.tgt_lengths, plan.batching.max_tokens)
         self.valid_data = ParallelData(cfg.data_dir, "valid", manifest) if plan.has_valid else None
-        self.valid_batches = None
-        if self.valid_data is not None and len(self.valid_data):
-            longest = int(max(self.valid_data.src_lengths.max(), self.valid_data.tgt_lengths.max()))
-            self.valid_batches = make_batches(self.valid_data.src_lengths, self.valid_data.tgt_lengths,
-                                              max(plan.batching.max_tokens, longest))
         # model: identical initialisation on every rank, then rank-specific dropout streams
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -129,11 +125,16 @@ class Trainer:
         self.step, self.epoch, self.pos = 0, 1, 0
         self.elapsed, self.best, self.bad_valids, self.overflows = 0.0, None, 0, 0
         self.best_step: int | None = None
+        self.probed: int | None = None  # --max-tokens auto: the micro-batch the probe found (memory.py)
+        self.probe_source = ""  # where `probed` came from, for the run's header
         self.criterion = "valid_bleu" if cfg.valid_bleu else "valid_nll"  # what "best" means
         if plan.resume_from:
             self._restore(load(plan.resume_from))
         elif plan.init_from:  # fine-tuning: the weights only (a new optimizer, schedule and step counter)
             self.module.load_state_dict(load(plan.init_from, map_location=device).model_state)
+        if plan.batching.probe:
+            self._probe_batching()
+        self._make_batches()
         self.model = torch.compile(self.module) if cfg.compile else self.module
         if rt.distributed:
             # The only buffer is the constant position table: no broadcast of it before every forward.
@@ -151,6 +152,48 @@ class Trainer:
         self._loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-batches")
         self._prefetch = None  # ((epoch, pos) the batches start at, Future of their collation)
 
+    # -- batches --------------------------------------------------------------------------------------------------
+
+    def _probe_batching(self) -> None:
+        """--max-tokens auto on a GPU: try micro-batches at the data's longest sentences on this process's GPU
+        (memory.py; before DDP and torch.compile wrap the model), take the smallest answer of all ranks, and plan
+        the batches with it."""
+        from nmt_cli.memory import largest_train_batch
+        from nmt_cli.training.config import probe_cap, probed_batching
+
+        if self.probed is not None:  # resumed: the run's first probe, so the batches (and the data position) stay
+            self.probe_source = "found when the run started"
+            self.plan = dataclasses.replace(self.plan, batching=probed_batching(self.cfg, self.plan.batching,
+                                                                                self.probed))
+            return
+        data = self.train_data
+        longest = int(max(data.src_lengths.max(), data.tgt_lengths.max())) + 1  # + EOS (BOS on the target side)
+        found = largest_train_batch(self.module, self.optimizer, self.rt.autocast, longest,
+                                    probe_cap(self.plan.batching), self.cfg.label_smoothing,
+                                    extra_param_copies=1 if self.rt.distributed else 0)
+        answers = self.rt.gather_objects(found)
+        if any(a is None for a in answers):
+            raise OutOfMemory(f"--max-tokens auto: not even one sentence of {longest} tokens fits in GPU memory "
+                              "for a training step; use a smaller model (--preset, --d-model) or --precision bf16")
+        self.probed = min(answers)
+        self.probe_source = f"probed: {SAFETY:.0%} of the largest that fit, at {longest}-token sentences"
+        self.plan = dataclasses.replace(self.plan, batching=probed_batching(self.cfg, self.plan.batching,
+                                                                            self.probed))
+        if self.rt.is_main:
+            write_run_config(self.plan)  # config.json records the batch sizes used
+
+    def _make_batches(self) -> None:
+        plan = self.plan
+        self.batches = make_batches(self.train_data.src_lengths, self.train_data.tgt_lengths, plan.batching.max_tokens)
+        if self.probed is not None:
+            self.plan = dataclasses.replace(plan, mean_tgt_tokens=float(self.train_data.tgt_lengths.sum()) /
+                                            len(self.batches))
+        self.valid_batches = None
+        if self.valid_data is not None and len(self.valid_data):
+            longest = int(max(self.valid_data.src_lengths.max(), self.valid_data.tgt_lengths.max()))
+            self.valid_batches = make_batches(self.valid_data.src_lengths, self.valid_data.tgt_lengths,
+                                              max(plan.batching.max_tokens, longest))
+
     # -- state ----------------------------------------------------------------------------------------------------
 
     def _restore(self, ckpt: Checkpoint) -> None:
@@ -165,6 +208,7 @@ class Trainer:
             self.bad_valids, self.overflows = int(ts.get("bad_valids", 0)), int(ts.get("overflows", 0))
             saved_world = int(ts.get("world_size", 1))
             rngs = ts.get("rng") or []
+            self.probed = ts.get("probed_max_tokens") if self.cfg.max_tokens == "auto" else None
         except (KeyError, ValueError, RuntimeError, TypeError) as exc:
             raise CheckpointError(f"{self.plan.resume_from}: training state does not fit this run "
                                   f"({str(exc).splitlines()[0][:150]}); pick another -o") from exc
@@ -181,7 +225,7 @@ class Trainer:
             "bad_valids": self.bad_valids, "overflows": self.overflows, "world_size": self.rt.world_size,
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "rng": rngs, "config": _plain(self.cfg.to_dict()),
+            "rng": rngs, "config": _plain(self.cfg.to_dict()), "probed_max_tokens": self.probed,
         }
 
     # -- data -----------------------------------------------------------------------------------------------------
@@ -403,6 +447,7 @@ class Trainer:
             "kind": "start", "preset": self.cfg.preset, "params": self.module.num_parameters(),
             "device": self.rt.device.type, "world_size": self.rt.world_size, "precision": self.rt.precision,
             "max_tokens": b.max_tokens, "update_freq": b.update_freq,
+            "max_tokens_auto": self._auto_reason() if self.cfg.max_tokens == "auto" else None,
             "max_tokens_per_update": b.max_tokens_per_update,
             "tgt_tokens_per_update": plan.mean_tgt_tokens * b.update_freq * b.world_size,
             "batches_per_epoch": len(self.batches), "padding_efficiency": padding_efficiency(
@@ -414,6 +459,12 @@ class Trainer:
             "out_dir": str(self.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
         }
 
+    def _auto_reason(self) -> str:
+        """How --max-tokens auto chose this run's micro-batch (the run's header prints it)."""
+        if self.probed is None:
+            return "the default micro-batch (the probe needs a CUDA GPU)"
+        return f"micro-batches of at most {self.probed} tokens fit ({self.probe_source})"
+
     def _eta(self, seconds_per_update: float) -> float | None:
         left = [(self.plan.max_steps - self.step) * seconds_per_update]
         if self.cfg.max_time:
@@ -423,6 +474,20 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------------------------------
 
     def fit(self) -> TrainResult:
+        """Train to the end (see the module docstring); running out of device memory ends it with one line naming
+        the options to lower."""
+        with out_of_memory_advice(self._out_of_memory):
+            return self._fit()
+
+    def _out_of_memory(self) -> str:
+        b = self.plan.batching
+        beam = f" (or --valid-beam, now {self.cfg.valid_beam})" if self.cfg.valid_bleu else ""
+        return (f"out of {self.rt.device.type.upper()} memory at update {self.step + 1} with micro-batches of up to "
+                f"{b.max_tokens} padded tokens; lower --max-tokens{beam} (--update-freq auto keeps the update size; "
+                f"with a fixed --update-freq raise it as you lower --max-tokens) and run again: it resumes from the last "
+                "checkpoint")
+
+    def _fit(self) -> TrainResult:
         cfg, plan, rt = self.cfg, self.plan, self.rt
         metrics = MetricsLog(self.out_dir, rt.is_main)
         start = self._start_event()
