@@ -151,6 +151,7 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
             device: str, warmup_updates: int = 2, compile: bool = False, window: float = 8.0) -> dict:
     """tokens/s and FLOP/s of Trainer.update() on this data, after `warmup_updates`: overall and in the best
     window of >= `window` seconds (a shared machine's neighbours slow some windows down)."""
+    from nmt_cli.data.batching import padding_efficiency
     from nmt_cli.training.config import TrainConfig
     from nmt_cli.training.loop import Trainer
     from nmt_cli.training.runtime import Runtime, setup_process
@@ -168,7 +169,9 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(plan, rt)
+    shape_fn = [trainer.batch_shape] if getattr(trainer, "batch_shape", None) else []  # (an nmt before buckets)
     t_warm = time.perf_counter()
+    shapes = warm_every_shape(trainer, device) if compile else 0
     for _ in range(warmup_updates):
         trainer.update(trainer._next_micro_batches())
     _sync(device)
@@ -182,8 +185,9 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
             micro = trainer._next_micro_batches()
             stats = trainer.update(micro)
             for b in micro:
-                flops += model_flops(plan.model_config, (~b.src_pad_mask).sum(1).numpy(),
-                                     b.tgt_out.ne(0).sum(1).numpy())
+                tgt_lens = b.tgt_out.ne(0).sum(1).numpy()
+                real = tgt_lens > 0  # (the empty rows that complete a compiled batch's shape do no useful work)
+                flops += model_flops(plan.model_config, (~b.src_pad_mask).sum(1).numpy()[real], tgt_lens[real])
             tgt += stats.tgt_tokens
             src += stats.src_tokens
             updates += 1
@@ -195,7 +199,9 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
            "src_tok_s": total[2] / total[0], "flop_s": total[3] / total[0],
            "best_tgt_tok_s": best[1] / best[0], "best_flop_s": best[3] / best[0],
            "params": trainer.module.num_parameters(), "s_per_update": total[0] / total[4],
-           "tgt_per_update": total[1] / total[4], "warmup_s": warm_s}
+           "tgt_per_update": total[1] / total[4], "warmup_s": warm_s, "shapes": shapes,
+           "padding_efficiency": padding_efficiency(trainer.batches, trainer.train_data.src_lengths,
+                                                    trainer.train_data.tgt_lengths, *shape_fn)}
     if device == "cuda":
         out["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
     del trainer
@@ -205,6 +211,21 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
         gc.collect()
         torch.cuda.empty_cache()
     return out
+
+
+def warm_every_shape(trainer, device: str) -> int:
+    """One update on a batch of each of the compiled run's shapes (their compilation, before any timing), each
+    printed with its compile time. -> the number of shapes."""
+    first = {}
+    for idx in trainer.batches:
+        first.setdefault(trainer.batch_shape(idx), idx)
+    for i, (shape, idx) in enumerate(sorted(first.items(), key=lambda kv: kv[0][1])):
+        t0 = time.perf_counter()
+        trainer.update(trainer._collate([idx]))
+        _sync(device)
+        print(f"  compiled shape {i + 1}/{len(first)}: {shape[0]} rows x {shape[1]} tokens in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+    return len(first)
 
 
 def report(name: str, precision: str, r: dict, peak: float, extra: str = "") -> None:
@@ -248,7 +269,8 @@ def gpu_main(args, data: Path) -> None:
                       f"{r['s_per_update'] * 1e3:7.1f} ms/update ({r['tgt_per_update']:.0f} tgt tok), "
                       f"{r['flop_s'] / 1e12:5.0f} TFLOP/s = MFU {100 * r['flop_s'] / measured:5.1f}% of measured, "
                       f"{mfu_sheet} of datasheet; peak mem {r.get('peak_gb', 0):5.1f} GiB; "
-                      f"warm-up {r['warmup_s']:.0f} s", flush=True)
+                      f"warm-up {r['warmup_s']:.0f} s ({r['shapes']} compiled shapes); padding efficiency "
+                      f"{r['padding_efficiency']:.3f}", flush=True)
     print("\nthe paper's schedule (25k-token updates) from the measured update times:")
     for preset in args.presets.split(","):
         full = [(c, r) for (p, c, mt), r in results.items() if p == preset and mt >= 20000]
@@ -327,7 +349,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {device}, {torch.get_num_threads()} threads, cpu capability "
           f"{torch.backends.cpu.get_cpu_capability()}", flush=True)
     if device == "cuda" and "base" in sections:
-        gpu_main(args, synthetic_data_dir(WORK / "synthetic37k", 37000))
+        # 200k sentences (~11M tokens): ~450 updates of 25k tokens an epoch, as many as real corpora give per
+        # length bucket; the 20k of the CPU sections leave a compiled run's buckets a few part-filled batches each
+        gpu_main(args, synthetic_data_dir(WORK / "synthetic37k_200k", 37000, n=200_000))
         sections = [s for s in sections if s not in ("peak", "base")]
         precisions = [p for p in precisions if p != "fp32"] or ["bf16"]
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}

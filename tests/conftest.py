@@ -71,3 +71,13 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def sample_data_dir(tmp_path_factory):
+    """The bundled sample corpus, prepared: 3000 training pairs of real sentences, a 400-token vocabulary."""
+    prepare = pytest.importorskip("nmt_cli.data.prepare")
+    out = tmp_path_factory.mktemp("sample") / "data"
+    prepare.prepare(prepare.PrepareOptions("sample", str(out), vocab_size=400,
+                                           sample_sizes={"train": 3000, "valid": 100, "test": 100}))
+    return out

@@ -3,7 +3,14 @@
 import numpy as np
 import pytest
 
-from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
+from nmt_cli.data.batching import (
+    bucket_shape,
+    epoch_batches,
+    length_bucket,
+    make_batches,
+    padding_efficiency,
+    shape_batches,
+)
 from nmt_cli.errors import ConfigError
 
 
@@ -92,3 +99,26 @@ def test_too_few_examples_for_the_ranks_is_a_clear_error():
     batches = make_batches(np.array([3]), np.array([3]), 100)
     with pytest.raises(ConfigError, match="processes"):
         epoch_batches(batches, 0, 0, rank=0, world_size=2)
+
+
+def test_length_buckets_are_few_and_never_shorter():
+    buckets = [length_bucket(n) for n in range(1, 1025)]
+    assert all(b >= n for n, b in enumerate(buckets, 1)) and buckets == sorted(buckets)
+    assert len(set(buckets[:128])) == 12 and len(set(buckets[:256])) == 16
+    assert all(b - n < 8 for n, b in enumerate(buckets[:64], 1))  # below 64: less than a step of 8 of padding
+    assert all((b - n) / n < 0.25 for n, b in enumerate(buckets[64:], 65))
+
+
+@pytest.mark.parametrize("n,max_tokens", [(1, 200), (7, 200), (1000, 4096), (20000, 25000), (333, 150)])
+def test_shape_batches_keep_every_example_in_a_few_shapes_within_budget(n, max_tokens):
+    src, tgt = lengths(n, seed=n, high=min(120, max_tokens))
+    batches = shape_batches(src, tgt, max_tokens, max_length=1024)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(n))
+    shapes = [bucket_shape(src[b], tgt[b], max_tokens, 1024) for b in batches]
+    for b, (rows, length) in zip(batches, shapes, strict=True):
+        assert len(b) <= rows and rows * length <= max_tokens
+        assert max(src[b].max(), tgt[b].max()) <= length
+    assert len(set(shapes)) <= 12
+    short = [len(b) < rows for b, (rows, _) in zip(batches, shapes, strict=True)]
+    assert sum(short) <= len(set(shapes))  # at most a bucket's leftover (the rest join the next bucket)
+    assert padding_efficiency(batches, src, tgt, lambda b: bucket_shape(src[b], tgt[b], max_tokens, 1024)) <= 1.0

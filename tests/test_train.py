@@ -677,15 +677,6 @@ def test_cli_trains_then_sigterm_saves_and_exits(toy_data_dir, tmp_path):
     assert state["step"] > 12  # resumed from 12 and went on before the signal
 
 
-@pytest.fixture(scope="module")
-def sample_data_dir(tmp_path_factory):
-    prepare = pytest.importorskip("nmt_cli.data.prepare")
-    out = tmp_path_factory.mktemp("sample") / "data"
-    prepare.prepare(prepare.PrepareOptions("sample", str(out), vocab_size=400,
-                                           sample_sizes={"train": 3000, "valid": 100, "test": 100}))
-    return out
-
-
 def test_tiny_model_learns_the_sample_corpus_in_seconds(sample_data_dir, tmp_path):
     cfg = small_cfg(sample_data_dir, tmp_path / "run", model={**SMALL, "d_model": 64, "d_ff": 128},
                     max_tokens=1024, warmup=30, lr=5e-3, max_steps=100, log_every=10)

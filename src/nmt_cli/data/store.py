@@ -154,7 +154,8 @@ class ParallelData:
 @dataclass
 class Batch:
     """A padded batch. src [B, S] (ids + EOS), src_pad_mask [B, S] True at padding, tgt_in [B, T] (BOS + ids),
-    tgt_out [B, T] (ids + EOS, PAD where padded), n_tgt_tokens: non-pad target tokens."""
+    tgt_out [B, T] (ids + EOS, PAD where padded), n_tgt_tokens and n_src_tokens: the sentences' tokens (the empty
+    rows that `collate(shape=...)` adds count none)."""
 
     src: torch.Tensor
     src_pad_mask: torch.Tensor
@@ -175,16 +176,28 @@ class Batch:
                      self.tgt_out.to(device, non_blocking=non_blocking), self.n_tgt_tokens, self.n_src_tokens)
 
 
-def collate(pairs: list[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID) -> Batch:
-    """Pad a list of (src ids, tgt ids) into a Batch (adds EOS to sources, BOS/EOS to targets)."""
+def collate(pairs: list[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID,
+            shape: tuple[int, int] | None = None) -> Batch:
+    """Pad a list of (src ids, tgt ids) into a Batch (adds EOS to sources, BOS/EOS to targets).
+
+    `shape` (rows, length): pad source and target to `length` positions and add rows up to `rows` (compiled
+    training, batching.bucket_shape). An added row is an empty sentence, source [EOS] and target input [BOS], whose
+    target output is all padding: it adds nothing to the loss, its gradient or the token counts, and no attention
+    row of it is fully masked (which would give NaN)."""
     import torch
 
     n = len(pairs)
     s_len = max(len(s) for s, _ in pairs) + 1
     t_len = max(len(t) for _, t in pairs) + 1
-    src = np.full((n, s_len), pad_id, dtype=np.int64)
-    tgt_in = np.full((n, t_len), pad_id, dtype=np.int64)
-    tgt_out = np.full((n, t_len), pad_id, dtype=np.int64)
+    rows = n
+    if shape is not None:
+        rows, length = shape
+        if rows < n or length < max(s_len, t_len):
+            raise ValueError(f"{n} sentences of up to {max(s_len, t_len)} tokens do not fit shape {shape}")
+        s_len = t_len = length
+    src = np.full((rows, s_len), pad_id, dtype=np.int64)
+    tgt_in = np.full((rows, t_len), pad_id, dtype=np.int64)
+    tgt_out = np.full((rows, t_len), pad_id, dtype=np.int64)
     for i, (s, t) in enumerate(pairs):
         src[i, : len(s)] = s
         src[i, len(s)] = EOS_ID
@@ -192,11 +205,11 @@ def collate(pairs: list[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID) ->
         tgt_in[i, 1 : len(t) + 1] = t
         tgt_out[i, : len(t)] = t
         tgt_out[i, len(t)] = EOS_ID
+    src[n:, 0], tgt_in[n:, 0] = EOS_ID, BOS_ID  # the added rows' empty sentences
     src_t = torch.from_numpy(src)
     pad_mask = src_t.eq(pad_id)
-    tgt_out_t = torch.from_numpy(tgt_out)
-    return Batch(src_t, pad_mask, torch.from_numpy(tgt_in), tgt_out_t,
-                 int(tgt_out_t.ne(pad_id).sum()), int((~pad_mask).sum()))
+    return Batch(src_t, pad_mask, torch.from_numpy(tgt_in), torch.from_numpy(tgt_out),
+                 sum(len(t) + 1 for _, t in pairs), sum(len(s) + 1 for s, _ in pairs))
 
 
 def read_tokenizer(data_dir: str | os.PathLike):

@@ -29,7 +29,7 @@ import torch
 from nmt_cli import cpus
 from nmt_cli.checkpoint import Checkpoint, load, remove_stale_tmp, save
 from nmt_cli.config import PAD_ID
-from nmt_cli.data.batching import epoch_batches, make_batches, padding_efficiency
+from nmt_cli.data.batching import bucket_shape, epoch_batches, make_batches, padding_efficiency, shape_batches
 from nmt_cli.data.store import Batch, ParallelData, collate, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
 from nmt_cli.memory import SAFETY, OutOfMemory, out_of_memory_advice
@@ -108,6 +108,7 @@ class Trainer:
         self.tokenizer = read_tokenizer(cfg.data_dir)
         manifest = load_manifest(cfg.data_dir)
         self.train_data = ParallelData(cfg.data_dir, "train", manifest)
+        self.batch_shape: Callable[[np.ndarray], tuple[int, int]] | None = None  # compiled: (rows, length) of a batch
         self.valid_data = ParallelData(cfg.data_dir, "valid", manifest) if plan.has_valid else None
         # model: identical initialisation on every rank, then rank-specific dropout streams
         torch.manual_seed(cfg.seed)
@@ -135,7 +136,7 @@ class Trainer:
         if plan.batching.probe:
             self._probe_batching()
         self._make_batches()
-        self.model = torch.compile(self.module) if cfg.compile else self.module
+        self.model = self._compiled(self.module) if cfg.compile else self.module
         if rt.distributed:
             # The only buffer is the constant position table: no broadcast of it before every forward.
             import inspect
@@ -184,7 +185,7 @@ class Trainer:
 
     def _make_batches(self) -> None:
         plan = self.plan
-        self.batches = make_batches(self.train_data.src_lengths, self.train_data.tgt_lengths, plan.batching.max_tokens)
+        self.batches = self._train_batches(plan.model_config.max_positions if self.cfg.compile else None)
         if self.probed is not None:
             self.plan = dataclasses.replace(plan, mean_tgt_tokens=float(self.train_data.tgt_lengths.sum()) /
                                             len(self.batches))
@@ -193,6 +194,23 @@ class Trainer:
             longest = int(max(self.valid_data.src_lengths.max(), self.valid_data.tgt_lengths.max()))
             self.valid_batches = make_batches(self.valid_data.src_lengths, self.valid_data.tgt_lengths,
                                               max(plan.batching.max_tokens, longest))
+
+    def _train_batches(self, max_positions: int | None) -> list[np.ndarray]:
+        """Eager: batches padded to their longest sentence. Compiled (`max_positions` given): batches of a few
+        shapes, `batch_shape(indices)` each (batching.shape_batches), so that torch.compile reuses its code."""
+        src, tgt, max_tokens = self.train_data.src_lengths, self.train_data.tgt_lengths, self.plan.batching.max_tokens
+        if max_positions is None:
+            return make_batches(src, tgt, max_tokens)
+        self.batch_shape = lambda idx: bucket_shape(src[idx], tgt[idx], max_tokens, max_positions)
+        return shape_batches(src, tgt, max_tokens, max_positions)
+
+    def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
+        """torch.compile for the batches' fixed shapes (`dynamic=False`: code specialised to each, no symbolic
+        sizes), with dynamo's recompile limit (process-wide) raised above their number so that none falls back to
+        eager."""
+        shapes = len({self.batch_shape(idx) for idx in self.batches})
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 8)
+        return torch.compile(module, dynamic=False)
 
     # -- state ----------------------------------------------------------------------------------------------------
 
@@ -250,7 +268,8 @@ class Trainer:
 
     def _collate(self, chosen: list) -> list[Batch]:
         """Padded micro-batches of `chosen`, in pinned memory when training on a GPU (asynchronous copies)."""
-        batches = [collate([self.train_data[int(i)] for i in idx]) for idx in chosen]
+        shape = self.batch_shape or (lambda idx: None)
+        batches = [collate([self.train_data[int(i)] for i in idx], shape=shape(idx)) for idx in chosen]
         return [b.pin_memory() for b in batches] if self.rt.device.type == "cuda" else batches
 
     def _next_micro_batches(self) -> list[Batch] | None:
@@ -451,7 +470,7 @@ class Trainer:
             "max_tokens_per_update": b.max_tokens_per_update,
             "tgt_tokens_per_update": plan.mean_tgt_tokens * b.update_freq * b.world_size,
             "batches_per_epoch": len(self.batches), "padding_efficiency": padding_efficiency(
-                self.batches, self.train_data.src_lengths, self.train_data.tgt_lengths),
+                self.batches, self.train_data.src_lengths, self.train_data.tgt_lengths, self.batch_shape),
             "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, self.cfg.lr), "warmup": plan.warmup,
             "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
             "save_minutes": plan.save_minutes, "resumed_at": self.step if plan.resume_from else None,
