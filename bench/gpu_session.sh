@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# What a GPU session runs for issue 30, in one device call of ~9 minutes (docs/results.md, GPU). Prepare here first:
+#   echo /.whl/ >> .git/info/exclude; echo /.carry/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0
+#   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
+# then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh
+# The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first) needs calls of its own:
+#   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --compile-too \
+#     --gpu-max-tokens 25000 --seconds 16 --window 8
+set -uo pipefail
+OUT=${OUT:-runs/gpu_session}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_FIND_LINKS=$PWD/.whl
+mkdir -p ../shared && { test -e ../shared/data || ln -sfn "$PWD/.carry/data" ../shared/data; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ct2site .whl/ctranslate2-*.whl
+# CTranslate2's wheel is built for CUDA 12; the image has CUDA 13's cuBLAS, linked under the name it asks for
+CUB=$(dirname "$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)")
+mkdir -p /tmp/cu12 && ln -sf "$CUB/libcublas.so.13" /tmp/cu12/libcublas.so.12 && ln -sf "$CUB/libcublasLt.so.13" /tmp/cu12/libcublasLt.so.12
+export LD_LIBRARY_PATH=/tmp/cu12:$CUB:${LD_LIBRARY_PATH:-}
+make install > "$OUT/install.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/install.log"; }
+echo "installed at ${SECONDS}s"
+# 1. the CUDA tests, the CUDA-graph ones first (nothing else counts if they fail)
+timeout 60 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_cuda.py -k graph -rfEs --tb=short -x \
+  > "$OUT/graph_tests.log" 2>&1; echo "graph tests rc=$? at ${SECONDS}s"; tail -15 "$OUT/graph_tests.log"
+timeout 120 .venv/bin/python -m pytest -q -n 4 -p no:cacheprovider tests/test_cuda.py -rfEs --tb=short \
+  > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$? at ${SECONDS}s"; tail -8 "$OUT/cuda_tests.log"
+# 2. decoding with and without graphs in one process (base shape, fp16), then against CTranslate2 on base and big
+timeout 60 .venv/bin/python bench/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
+echo "graph A/B rc=$? at ${SECONDS}s"; tail -9 "$OUT/graph_ab.log"
+timeout 230 .venv/bin/python bench/translate.py --device cuda --sections base,big \
+  --nmt fp16-graph,fp16,bf16-graph,fp32-graph --ct2 float16,float32 --repeat 1 --ct2-site /tmp/ct2site \
+  > "$OUT/translate.log" 2>&1; echo "translate bench rc=$? at ${SECONDS}s"
+grep -E "^(base|big)|^  (nmt|CTranslate2|identical)|error" "$OUT/translate.log" | head -40
+# 3. the command line on one GPU (train bf16/fp16, translate fp32/bf16/fp16 against the CPU)
+left=$((560 - SECONDS))
+CHECK_DIR=$OUT/gpu_check timeout $left bash bench/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
+echo "gpu_check rc=$? at ${SECONDS}s"; grep -E "^==|BLEU" "$OUT/gpu_check.log" | head -16
