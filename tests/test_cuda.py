@@ -271,7 +271,7 @@ MIB = 2**20
 
 
 def test_training_probe_shrinks_with_the_memory_cap_and_its_answer_trains():
-    from nmt_cli.memory import largest_train_batch, train_fits
+    from nmt_cli.training.probe import largest_train_batch, train_fits
     from nmt_cli.training.runtime import DTYPES
 
     torch.manual_seed(0)

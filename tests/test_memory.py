@@ -22,15 +22,14 @@ from nmt_cli.memory import (
     OutOfMemory,
     is_out_of_memory,
     largest_fitting,
-    largest_train_batch,
     out_of_memory_advice,
-    train_fits,
     translate_fits,
     translate_shapes,
 )
 from nmt_cli.model import Transformer
 from nmt_cli.search import SearchConfig
 from nmt_cli.training.config import BatchPlan, TrainConfig, probed_batching, resolve_batching
+from nmt_cli.training.probe import largest_train_batch, train_fits
 from nmt_cli.translate import DEFAULT_MAX_TOKENS, TranslateConfig, Translator, load_checkpoints
 
 

@@ -133,63 +133,6 @@ def _tokens(rows: int, length: int, vocab: int, device: torch.device, generator:
     return ids
 
 
-# ---------------------------------------------------------------------------------------------------- training
-
-
-def train_fits(module: torch.nn.Module, optimizer: torch.optim.Optimizer, autocast: Callable, length: int,
-               label_smoothing: float, extra_param_copies: int = 0) -> Callable[[int], bool]:
-    """A `fits(tokens)` for training: one forward and backward of `module` (in training mode, under `autocast`, with
-    the label-smoothed loss) on a synthetic batch of tokens // length rows of `length` source and target tokens.
-
-    Adam's two moments are allocated for the duration of each try when `optimizer` has no state yet (a fresh run
-    allocates them at its first update; a resumed one has them already), and `extra_param_copies` more
-    parameter-sized buffers (DistributedDataParallel's gradient buckets). The random number generators are left as
-    they were, and so are the gradients (none)."""
-    from nmt_cli.config import PAD_ID
-    from nmt_cli.training.loss import label_smoothed_cross_entropy
-
-    params = [p for p in module.parameters() if p.requires_grad]
-    device = params[0].device
-    vocab = module.config.vocab_size
-    copies = extra_param_copies + (0 if optimizer.state else 2)
-    generator = torch.Generator().manual_seed(0)
-
-    def run(tokens: int) -> None:
-        rows = max(1, tokens // length)
-        reserve = [torch.empty_like(p) for p in params for _ in range(copies)]
-        src = _tokens(rows, length, vocab, device, generator)
-        tgt = _tokens(rows, length, vocab, device, generator)
-        pad = torch.zeros(rows, length, dtype=torch.bool, device=device)
-        with autocast():
-            logits = module(src, tgt, pad)  # [rows, length, V]
-        loss, _, _ = label_smoothed_cross_entropy(logits, tgt, label_smoothing, PAD_ID)
-        loss.backward()
-        del reserve
-
-    def fits(tokens: int) -> bool:
-        was_training = module.training
-        module.train()
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            try:
-                return _try(lambda: run(tokens))
-            finally:
-                module.zero_grad(set_to_none=True)
-                module.train(was_training)
-
-    return fits
-
-
-def largest_train_batch(module: torch.nn.Module, optimizer: torch.optim.Optimizer, autocast: Callable, longest: int,
-                        cap: int, label_smoothing: float = 0.1, extra_param_copies: int = 0) -> int | None:
-    """--max-tokens auto for training: SAFETY x the largest micro-batch (padded tokens, at most `cap`) whose forward
-    and backward fit at the data's longest sentences (`longest` tokens with EOS), or None when not even one sentence
-    fits."""
-    length = min(longest, module.config.max_positions)
-    fits = train_fits(module, optimizer, autocast, length, label_smoothing, extra_param_copies)
-    found = largest_fitting(fits, start=4096, cap=math.ceil(cap / SAFETY), floor=length)
-    return None if found is None else min(cap, max(length, int(found * SAFETY)))
-
-
 # ---------------------------------------------------------------------------------------------------- translation
 
 

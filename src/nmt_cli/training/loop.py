@@ -126,7 +126,7 @@ class Trainer:
         self.step, self.epoch, self.pos = 0, 1, 0
         self.elapsed, self.best, self.bad_valids, self.overflows = 0.0, None, 0, 0
         self.best_step: int | None = None
-        self.probed: int | None = None  # --max-tokens auto: the micro-batch the probe found (memory.py)
+        self.probed: int | None = None  # --max-tokens auto: the micro-batch the probe found (probe.py)
         self.probe_source = ""  # where `probed` came from, for the run's header
         self.criterion = "valid_bleu" if cfg.valid_bleu else "valid_nll"  # what "best" means
         if plan.resume_from:
@@ -157,10 +157,10 @@ class Trainer:
 
     def _probe_batching(self) -> None:
         """--max-tokens auto on a GPU: try micro-batches at the data's longest sentences on this process's GPU
-        (memory.py; before DDP and torch.compile wrap the model), take the smallest answer of all ranks, and plan
+        (probe.py; before DDP and torch.compile wrap the model), take the smallest answer of all ranks, and plan
         the batches with it."""
-        from nmt_cli.memory import largest_train_batch
         from nmt_cli.training.config import probe_cap, probed_batching
+        from nmt_cli.training.probe import largest_train_batch
 
         if self.probed is not None:  # resumed: the run's first probe, so the batches (and the data position) stay
             self.probe_source = "found when the run started"
