@@ -4,10 +4,10 @@ error tells the user to lower.
 An estimate of memory (training/config.py's `train_memory_bytes`) is a fit to one GPU, one torch and one attention
 kernel; the probe asks this GPU. `largest_fitting(fits, start, cap)` doubles a token count from `start` (or halves
 it) until `fits(tokens)` changes its answer, then bisects between the last that fit and the first that did not, at
-most MAX_PROBES tries. `fits` runs the real work on a synthetic batch: a training forward and backward with the real
-loss, precision and optimizer state (`train_fits`), or a translation's encode and full-length beam search
-(`translate_fits`), answering False on an out-of-memory error. The caller keeps SAFETY of the answer: the batches
-of a real run are not the synthetic one, and the allocator fragments over hours.
+most MAX_PROBES tries. `fits` runs the real work on a synthetic batch: a training forward and backward with the
+real loss, precision and optimizer state (`train_fits`, in training/probe.py), or a translation's encode and
+full-length beam search (`translate_fits`), answering False on an out-of-memory error. The caller keeps SAFETY of
+the answer: the batches of a real run are not the synthetic one, and the allocator fragments over hours.
 """
 
 from __future__ import annotations
