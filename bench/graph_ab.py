@@ -1,7 +1,9 @@
 """nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
-beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Needs a GPU.
+beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts.
 
     python bench/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
+    python bench/graph_ab.py --device cpu --precision fp32 --lines 40 --rounds 1   # the script itself, on CPU
+      (there the "graphs" are the recorded function run eagerly: decoding/graphs.py)
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=3003)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-tokens", type=int, default=6000)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     args = p.parse_args()
     avoid_cudnn_attention()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.precision]
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(vocab_size=32000, dropout=0.0)).cuda().to(dtype).eval()
+    device = torch.device(args.device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    model = Transformer(ModelConfig(vocab_size=32000, dropout=0.0)).to(device).to(dtype).eval()
     # source lengths as newstest2014's in words x 1.3 (no tokenizer needed), longest first, batches of max-tokens
     lengths = [min(250, int(len(line.split()) * 1.3) + 1) for line in
                (DATA / "test.en").read_text(encoding="utf-8").splitlines()[: args.lines]]
@@ -47,26 +52,32 @@ def main() -> None:
         for row, length in enumerate(lengths[i : i + n]):
             src[row, length - 1] = 3
             src[row, length:] = 0
-        batches.append((src.cuda(), (src == 0).cuda()))
+        batches.append((src.to(device), (src == 0).to(device)))
         i += n
     cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=33)
-    graphs = StepGraphs("cuda")
+    graphs = StepGraphs(device)
     modes = {"graphs": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=graphs),
              "static": dict(static=True, check_every=GPU_CHECK_EVERY),
              "exact (before)": dict()}
-    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.precision}, {len(lengths)} sentences, "
+    name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
+    print(f"{name}, torch {torch.__version__}, {args.precision}, {len(lengths)} sentences, "
           f"{len(batches)} batches")
     decode_batches(model, batches[:2], cfg, **modes["graphs"])  # warm-up
+    outputs = {}
     for r in range(args.rounds):
         for name, options in modes.items():
-            torch.cuda.synchronize()
+            sync()
             start = time.perf_counter()
-            decode_batches(model, batches, cfg, **options)
-            torch.cuda.synchronize()
+            found = decode_batches(model, batches, cfg, **options)
+            sync()
+            outputs[name] = [h[0].tokens for batch in found for h in batch]
             s = time.perf_counter() - start
             print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
     print(f"  graphs: {graphs.recorded} recorded, {graphs.replayed} replayed, {graphs.eager} eager, "
           f"broken: {graphs.broken}")
+    for other in ("static", "exact (before)"):
+        same = sum(a == b for a, b in zip(outputs["graphs"], outputs[other], strict=True))
+        print(f"  best hypotheses identical, graphs vs {other}: {same}/{len(lengths)}")
 
 
 if __name__ == "__main__":
