@@ -3,6 +3,7 @@ translation against the CPU, and the DDP code path with two processes on one GPU
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -184,14 +185,18 @@ def test_beam_search_on_cuda_equals_cpu_in_fp32(no_tf32):
             assert x.score == pytest.approx(y.score, abs=1e-4)
 
 
+@pytest.mark.parametrize("graphs", [False, True])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
-def test_translate_on_cuda_agrees_with_cpu(tmp_path, toy_tokenizer_bytes, precision, no_tf32):
-    """Same checkpoint, same search: fp32 on the GPU gives the CPU's output; bf16/fp16 nearly all of it."""
+def test_translate_on_cuda_agrees_with_cpu(tmp_path, toy_tokenizer_bytes, precision, graphs, no_tf32):
+    """Same checkpoint, same search: fp32 on the GPU gives the CPU's output; bf16/fp16 nearly all of it; with and
+    without CUDA graphs (--cuda-graphs)."""
     path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1)
     lines = [p[0] for p in toy_pairs(60, seed=11)]
     config = TranslateConfig(search=SearchConfig(beam=4, max_len_a=1.0, max_len_b=6))
     cpu = Translator(load_checkpoints([path]), "cpu", "fp32", config).translate(lines)
-    gpu = Translator(load_checkpoints([path]), "cuda", precision, config).translate(lines)
+    on_gpu = Translator(load_checkpoints([path]), "cuda", precision, dataclasses.replace(config, cuda_graphs=graphs))
+    gpu = on_gpu.translate(lines)
+    assert (on_gpu.graphs is not None and on_gpu.graphs.replayed > 0 and on_gpu.graphs.broken is None) == graphs
     same = sum(a[0][1] == b[0][1] for a, b in zip(cpu, gpu, strict=True))
     assert same >= (len(lines) if precision == "fp32" else 0.8 * len(lines)), f"{same}/{len(lines)} identical"
     if precision == "fp32":
@@ -220,7 +225,6 @@ def _ddp_rank(rank: int, plan, init_method: str, queue) -> None:
 def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, backend):
     """The DDP code path on CUDA (gradient sync, agreed flags, rank-0 checkpoints) with 2 processes on one GPU
     (NCCL refuses two ranks on one device; gloo carries the CUDA tensors)."""
-    import dataclasses
 
     import torch.multiprocessing as mp
 
