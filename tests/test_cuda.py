@@ -225,7 +225,6 @@ def _ddp_rank(rank: int, plan, init_method: str, queue) -> None:
 def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, backend):
     """The DDP code path on CUDA (gradient sync, agreed flags, rank-0 checkpoints) with 2 processes on one GPU
     (NCCL refuses two ranks on one device; gloo carries the CUDA tensors)."""
-
     import torch.multiprocessing as mp
 
     from nmt_cli.training.plan import plan_run, write_run_config
