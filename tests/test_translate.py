@@ -229,3 +229,16 @@ def test_max_tokens_defaults_by_device_and_is_validated(ckpt_path):
     assert translator(ckpt_path, max_tokens=123).config.max_tokens == 123
     with pytest.raises(ConfigError, match="max-tokens"):
         TranslateConfig(max_tokens=0).validate()
+
+
+def test_cuda_graphs_on_a_cpu_is_a_note_and_changes_nothing(ckpt_path):
+    """--cuda-graphs replays a GPU's decoding steps: on a CPU it says it has no effect, and the output is the
+    same."""
+    text = "".join(line + "\n" for line in lines(8)).encode()
+    base = [sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(ckpt_path), "--device", "cpu", "--beam", "2",
+            "--max-len-b", "4"]
+    plain = subprocess.run(base, input=text, capture_output=True)
+    graphs = subprocess.run([*base, "--cuda-graphs"], input=text, capture_output=True)
+    assert plain.returncode == graphs.returncode == 0, graphs.stderr.decode()
+    assert graphs.stdout == plain.stdout and plain.stdout.count(b"\n") == 8
+    assert b"--cuda-graphs has no effect" in graphs.stderr and b"cuda-graphs" not in plain.stderr

@@ -221,6 +221,9 @@ def register(app: typer.Typer) -> None:
             )
             if translator.max_tokens_reason is not None:
                 note_line(f"--max-tokens auto: {translator.max_tokens_reason}")
+            if cuda_graphs and translator.graphs is None:
+                note_line("--cuda-graphs has no effect here: it replays a GPU's decoding steps, for one model (not "
+                          "on a CPU, not for an ensemble)")
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
             if sampler is not None and translator.device.type == "cpu":
                 choice = sampler.threads()
