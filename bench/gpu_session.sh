@@ -5,7 +5,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
-# then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh
+# then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh (7 logs in $OUT, the device's limit is 8 files)
 # The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first) needs calls of its own:
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --compile-too \
 #     --gpu-max-tokens 25000 --seconds 16 --window 8
@@ -39,7 +39,7 @@ done
 # 3. the command line on one GPU (train bf16/fp16, translate fp32/bf16/fp16 against the CPU)
 left=$((560 - SECONDS))
 if [ $left -gt 60 ]; then
-  CHECK_DIR=$OUT/gpu_check timeout $left bash bench/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
+  CHECK_DIR=runs/gpu_check timeout $left bash bench/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
   echo "gpu_check rc=$? at ${SECONDS}s"; grep -E "^==|BLEU" "$OUT/gpu_check.log" | head -16
 else
   echo "gpu_check skipped: ${left}s left (run it in a call of its own)"
