@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # What a GPU session runs for issue 30, in one device call of ~9 minutes (docs/results.md, GPU). Prepare here first:
+# Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
 #   echo /.whl/ >> .git/info/exclude; echo /.carry/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
