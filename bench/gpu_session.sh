@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # What a GPU session runs for issue 30, in one device call of ~9 minutes (docs/results.md, GPU). Prepare here first:
-# Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
 #   echo /.whl/ >> .git/info/exclude; echo /.carry/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
 # then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh (7 logs in $OUT, the device's limit is 8 files)
+# Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
 # The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first) needs calls of its own:
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --compile-too \
 #     --gpu-max-tokens 25000 --seconds 16 --window 8
