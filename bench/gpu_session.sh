@@ -9,7 +9,7 @@
 # Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
 # The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first) needs calls of its own:
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --compile-too \
-#     --gpu-max-tokens 25000 --seconds 16 --window 8
+#     --gpu-max-tokens 25000 --seconds 16 --window 8 [--compile-shapes dynamic: one compilation, no bucket padding]
 set -uo pipefail
 OUT=${OUT:-runs/gpu_session}
 mkdir -p "$OUT"

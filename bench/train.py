@@ -148,7 +148,8 @@ def _sync(device: str) -> None:
 
 
 def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens: int, seconds: float,
-            device: str, warmup_updates: int = 2, compile: bool = False, window: float = 8.0) -> dict:
+            device: str, warmup_updates: int = 2, compile: bool = False, window: float = 8.0,
+            compile_shapes: str = "buckets") -> dict:
     """tokens/s and FLOP/s of Trainer.update() on this data, after `warmup_updates`: overall and in the best
     window of >= `window` seconds (a shared machine's neighbours slow some windows down)."""
     from nmt_cli.data.batching import padding_efficiency
@@ -163,7 +164,7 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
 
     cfg = TrainConfig(str(data_dir), str(WORK / "scratch"), preset=preset, model=model, precision=precision,
                       max_tokens=max_tokens, update_freq=1, gpus=1 if device == "cuda" else 0, compile=compile,
-                      resume=None)
+                      resume=None, **({"compile_shapes": compile_shapes} if compile else {}))
     plan = plan_run(cfg)
     rt: Runtime = setup_process(plan.launch, 0, 0, None)
     if device == "cuda":
@@ -171,7 +172,7 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
     trainer = Trainer(plan, rt)
     shape_fn = [trainer.batch_shape] if getattr(trainer, "batch_shape", None) else []  # (an nmt before buckets)
     t_warm = time.perf_counter()
-    shapes = warm_every_shape(trainer, device) if compile else 0
+    shapes = warm_every_shape(trainer, device) if compile and shape_fn else 0  # (dynamic: warm-up updates)
     for _ in range(warmup_updates):
         trainer.update(trainer._next_micro_batches())
     _sync(device)
@@ -257,7 +258,8 @@ def gpu_main(args, data: Path) -> None:
             for max_tokens in (sizes[:1] if compiled and args.compile_too else sizes):
                 try:
                     r = measure(data, preset, {}, "bf16", max_tokens, args.seconds, "cuda", compile=compiled,
-                                warmup_updates=10 if compiled else 3, window=args.window)
+                                warmup_updates=10 if compiled else 3, window=args.window,
+                                compile_shapes=args.compile_shapes)
                 except Exception as exc:  # noqa: BLE001 - report and go on with the other configurations
                     print(f"{preset} {'compile' if compiled else 'eager'} {max_tokens}: failed: "
                           f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}", flush=True)
@@ -337,6 +339,9 @@ def main() -> None:
     ap.add_argument("--small-max-tokens", type=int, default=4096)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--compile-too", action="store_true", help="GPU: measure eager and torch.compile")
+    ap.add_argument("--compile-shapes", default="buckets", choices=("buckets", "dynamic"),
+                    help="with --compile/--compile-too: nmt train --compile-shapes (buckets: 12 shapes compiled first; "
+                         "dynamic: one compilation, in the warm-up updates)")
     ap.add_argument("--presets", default="base,big", help="GPU: presets to measure")
     ap.add_argument("--gpu-max-tokens", default="25000,3125",
                     help="GPU: micro-batch sizes (25000: the paper's update on one GPU; 3125: one of 8 GPUs)")
@@ -362,7 +367,7 @@ def main() -> None:
         data = synthetic_data_dir(WORK / "synthetic37k", 37000)
         for p in precisions:
             r = measure(data, "base", {"dropout": 0.1}, p, args.base_max_tokens, args.seconds, device,
-                        compile=args.compile, window=args.window)
+                        compile=args.compile, window=args.window, compile_shapes=args.compile_shapes)
             report("base (synthetic, 37k vocab)", p, r, peaks[p], "(target >= 40% bf16 on CPU)" if p == "bf16" else "")
     if "small" in sections:
         data = multi30k_data_dir(WORK / "multi30k_8k")
@@ -372,7 +377,7 @@ def main() -> None:
         small = {"d_model": 256, "d_ff": 1024, "n_heads": 4, "encoder_layers": 3, "decoder_layers": 3}
         for p in precisions:
             r = measure(data, "base", small, p, args.small_max_tokens, args.seconds, device, compile=args.compile,
-                        window=args.window)
+                        window=args.window, compile_shapes=args.compile_shapes)
             ratio = r["best_tgt_tok_s"] / FAIRSEQ_SMALL_TOK_S
             report("small (Multi30k, 8k vocab)", p, r, peaks[p], f"= {ratio:.2f}x fairseq fp32 (target >= 1.5x)")
 

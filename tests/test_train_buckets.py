@@ -10,6 +10,7 @@ import torch
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.batching import bucket_shape, length_bucket
 from nmt_cli.data.store import collate
+from nmt_cli.errors import ConfigError
 from nmt_cli.training import loop as loop_mod
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
@@ -120,3 +121,38 @@ def test_three_compiled_updates_equal_three_eager_ones(toy_data_dir, tmp_path, m
     assert losses == pytest.approx(ref_losses, rel=1e-5)
     for name in ref:
         torch.testing.assert_close(weights[name], ref[name], rtol=1e-4, atol=1e-5)
+
+
+def test_dynamic_compile_is_one_graph_for_every_batch_shape(sample_data_dir, toy_data_dir, tmp_path, monkeypatch):
+    """--compile-shapes dynamic: the eager batches (padded to their own longest sentences), torch.compile'd once with
+    dynamic=True; dynamo (aot_eager: its graphs, no code generation) keeps one graph over 20 updates of different
+    shapes, and 3 compiled updates train to the eager weights."""
+    import torch._dynamo
+
+    from nmt_cli.commands.train import CompileShapes
+    from nmt_cli.training.config import COMPILE_SHAPES
+
+    assert tuple(c.value for c in CompileShapes) == COMPILE_SHAPES
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    monkeypatch.setattr(loop_mod.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    trainer = _trainer(sample_data_dir, tmp_path / "run", max_tokens=1024, compile=True, compile_shapes="dynamic")
+    assert trainer.batch_shape is None
+    shapes = set()
+    for _ in range(20):
+        micro = trainer._next_micro_batches()
+        shapes |= {(tuple(b.src.shape), tuple(b.tgt_in.shape)) for b in micro}
+        trainer.update(micro)
+    assert len(shapes) >= 10
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    digests = []
+    for compiled in (False, True):
+        trainer = _trainer(toy_data_dir, tmp_path / f"toy{compiled}", compile=compiled, compile_shapes="dynamic")
+        losses = [trainer.update(trainer._next_micro_batches()).loss_sum for _ in range(3)]
+        digests.append((losses, {k: v.clone() for k, v in trainer.module.state_dict().items()}))
+    (ref_losses, ref), (losses, weights) = digests
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    for name in ref:
+        torch.testing.assert_close(weights[name], ref[name], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ConfigError, match="compile-shapes"):
+        small_cfg(toy_data_dir, tmp_path / "bad", compile=True, compile_shapes="static").validate()

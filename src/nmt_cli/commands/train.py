@@ -52,6 +52,11 @@ class Preset(str, Enum):
 Precision = TrainPrecision  # the choices of --precision, from the one table (nmt_cli/precision.py)
 
 
+class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
+    buckets = "buckets"
+    dynamic = "dynamic"
+
+
 def _update_freq(value: str) -> str:
     if value == "auto":
         return value
@@ -152,6 +157,10 @@ def register(app: typer.Typer) -> None:
             help="auto: bf16 where the hardware runs it natively (GPUs of compute capability 8.0 or later, CPUs "
                  "with AMX or AVX512-BF16), fp16 on older GPUs, else fp32."),
         compile: bool = typer.Option(False, "--compile", rich_help_panel=_MACHINE, help="Use torch.compile."),
+        compile_shapes: CompileShapes = typer.Option(
+            CompileShapes.buckets, "--compile-shapes", rich_help_panel=_MACHINE,
+            help="With --compile: buckets pads every batch to one of a few shapes (each compiled once); dynamic "
+                 "compiles once for any shape (no padding beyond the batch's longest sentence)."),
         threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
                                     show_default="the free cores / processes",
                                     help="Torch threads per process (default: the cores not busy with other "
@@ -182,7 +191,8 @@ def register(app: typer.Typer) -> None:
             save_every=save_every, save_every_minutes=save_every_minutes, keep_last=keep_last,
             average_last=average_last, resume=resume, valid_every=valid_every, valid_bleu=valid_bleu,
             valid_beam=valid_beam, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
-            compile=compile, seed=seed, log_every=log_every, dist_timeout=dist_timeout,
+            compile=compile, compile_shapes=compile_shapes.value, seed=seed, log_every=log_every,
+            dist_timeout=dist_timeout,
         )
         display = Display(live=sys.stderr.isatty(), log_every=log_every)
         try:

@@ -75,6 +75,7 @@ class TrainConfig:
     threads: int | None = None  # torch threads per process; None: the free cores / processes (cpus.py)
     dist_timeout: float = 5.0  # minutes a rank may stop answering before the others end the run (watchdog.py)
     compile: bool = False
+    compile_shapes: str = "buckets"  # with compile: "buckets" (a few fixed batch shapes) or "dynamic" (symbolic sizes)
     seed: int = 1
     log_every: int = 100  # updates between metric log lines
 
@@ -83,6 +84,8 @@ class TrainConfig:
 
         if self.preset not in PRESETS:
             raise ConfigError(f"unknown preset {self.preset!r}; choose one of: {', '.join(PRESETS)}")
+        if self.compile_shapes not in COMPILE_SHAPES:
+            raise ConfigError(f"unknown --compile-shapes {self.compile_shapes!r}; choose {' or '.join(COMPILE_SHAPES)}")
         bad = sorted(set(self.model) - set(MODEL_OVERRIDES))
         if bad:
             raise ConfigError(f"unknown model option(s) {bad}; known: {', '.join(MODEL_OVERRIDES)}")
@@ -165,6 +168,7 @@ def train_memory_bytes(model, tokens: int, precision: str = "bf16") -> float:
     return 16 * params + tokens * per_token
 
 
+COMPILE_SHAPES = ("buckets", "dynamic")  # how --compile meets changing batch shapes (training/loop.py)
 GPU_MEMORY_SHARE = 0.8  # of the smallest GPU's memory, for the default micro-batch
 
 
