@@ -590,10 +590,10 @@ def test_the_graphed_step_gives_the_eager_outputs(options, check_every):
 
 
 def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
-    """After a step, the state and the cache hold the same tensors (so the next step replays the same graph);
-    the steps the host decides (a forced prefix token, a row at its maximum length, sampling, n-gram bans) are not
+    """After a step, the state holds the same tensors and the cache the same two sets of buffers, alternating (a
+    beam reorder gathers into the spare ones), so the steps replay two graphs in turn; the steps the host decides (a forced prefix token, a row at its maximum length, sampling, n-gram bans) are not
     graphed, and their outputs stay what they are without graphs."""
-    from nmt_cli.decoding.graphs import graphable, step_body, step_key
+    from nmt_cli.decoding.graphs import after_step, graphable, step_body, step_key
     from nmt_cli.decoding.scheduler import algorithm
 
     model = tiny(seed=3)
@@ -606,11 +606,13 @@ def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
     cache.repeat_beams(4)
     cache.make_room(model.config.max_positions)
     state.first_rows()
-    key = step_key(state, cache, cfg, search)
-    step_body(model, cache, state, cfg, search)(0)
-    cache.advance(device=False)
-    cache.make_room(model.config.max_positions)
-    assert step_key(state, cache, cfg, search) == key
+    keys = []
+    for t in range(4):
+        cache.make_room(model.config.max_positions)
+        keys.append(step_key(state, cache, cfg, search))
+        step_body(model, cache, state, cfg, search)(t)
+        after_step(cache, search)
+    assert keys[0] == keys[2] != keys[1] == keys[3]
     assert graphable(model, cache, state, cfg, 1)
     assert not graphable(model, cache, state, cfg, int(max_len.min()) - 1)  # EOS forced on a row
     for other in (dict(sampling=True, seed=1), dict(no_repeat_ngram=2)):

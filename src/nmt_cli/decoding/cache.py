@@ -15,8 +15,11 @@ Two layouts, one code path:
     contiguous (up to 2x faster on CPU than a slice of a larger buffer). Shapes change every step, which costs
     nothing in eager mode.
   - static (for torch.compile and CUDA graphs): the capacity C comes from a few buckets (16, 32, 64, ...), attention
-    reads all C positions with the unfilled ones masked, and reorders gather in place, so the buffers keep their
-    addresses and a step's shapes change only when a bucket does.
+    reads all C positions with the unfilled ones masked, and a beam reorder gathers into a second buffer of the same
+    shape and the two swap (`spare`): the buffers' addresses alternate between two, the gather reads and writes the
+    cache once (a gather in place would need a copy back, twice the memory traffic), and a step's shapes change
+    only when a bucket does. A CUDA graph's step (graphs.py) gathers into the spare and leaves the swap to the host
+    (`reorder(..., swap=False)`, then `swap()`): a replay runs no Python.
 The host side (`make_room`, `advance`) runs around the step; the step itself (`Transformer.static_step`) reads only
 tensors and bucket-level ints.
 
@@ -101,6 +104,7 @@ class Segment:
         self._full: list[Tensor] | None = None  # exact layout: per layer the buffer [2, R + spare, H, C, K] `kv` is
         # the first R rows of
         self._arange: Tensor | None = None  # static layout: [C] position indices, for the mask
+        self.spare: list[Tensor] | None = None  # static layout, beams: per layer the buffer a reorder gathers into
         self.offsets: list[int] | None = None  # host, per sentence: the first column it reads (merged; None: all 0)
         self._row_start: Tensor | None = None  # the same per row [R] on the device (made when needed)
         self._set_pad(src_pad)
@@ -168,14 +172,15 @@ class Segment:
         rows' starts on the device (made here, so that the step itself creates no tensor from host values)."""
         self.row_start()
         need = self.length + 1
-        if self.kv is not None and self.capacity >= need:
-            return
-        capacity = _bucket(need) if self.static else max(16, 2 * need)
-        grown = self._layout(self.rows, capacity)
-        if self.kv is not None:
-            for new, old in zip(grown, self.kv, strict=True):
-                new[..., : self.length, :] = old[..., : self.length, :]
-        self.kv = grown
+        if self.kv is None or self.capacity < need:
+            capacity = _bucket(need) if self.static else max(16, 2 * need)
+            grown = self._layout(self.rows, capacity)
+            if self.kv is not None:
+                for new, old in zip(grown, self.kv, strict=True):
+                    new[..., : self.length, :] = old[..., : self.length, :]
+            self.kv = grown
+        if self.static and self.beams > 1 and (self.spare is None or self.spare[0].shape != self.kv[0].shape):
+            self.spare = [torch.empty_like(kv) for kv in self.kv]  # (a reorder writes every position of it)
 
     def _layout(self, rows: int, capacity: int) -> list[Tensor]:
         """Per layer a [2, rows, H, capacity, K] buffer: static, a new zeroed one (masked positions must hold no
@@ -197,6 +202,10 @@ class Segment:
             self._full.append(flat[spare][:need].view(shape))
         return [full.narrow(1, 0, rows) for full in self._full]
 
+    def swap(self) -> None:
+        """The spare buffers (a beam reorder's gather, `reorder(..., swap=False)`) become the cache."""
+        self.kv, self.spare = self.spare, self.kv
+
     def advance(self, host: bool = True, device: bool = True) -> None:
         """After a step: one position more, on the host (`length`) and on the device (`pos`; a CUDA graph's step
         moves only this one, the host its own after the replay: graphs.py)."""
@@ -205,9 +214,12 @@ class Segment:
         if device:
             self.pos += 1
 
-    def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None) -> None:
+    def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None,
+                swap: bool = True) -> None:
         """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences, `kept`
-        the same on the host. Merged rows: the columns no kept row reads any more are dropped."""
+        the same on the host. Merged rows: the columns no kept row reads any more are dropped. `swap` False (a
+        static layout's beam reorder in a CUDA graph): the rows are gathered into `spare`, and `swap()` makes it the
+        cache afterwards."""
         drop = 0
         if sentences is not None:
             self._keep_cross(sentences, kept)
@@ -219,9 +231,16 @@ class Segment:
                 self._row_start = None
         if self.kv is None:
             return
-        if self.static and rows.numel() == self.kv[0].size(1) and not drop:  # in place: the buffers keep their
-            for kv in self.kv:  # addresses
-                kv.copy_(kv.index_select(1, rows))
+        if self.static and rows.numel() == self.kv[0].size(1) and not drop:  # into the spare buffers: the
+            if self.spare is None or self.spare[0].shape != self.kv[0].shape:  # addresses alternate between two
+                self.spare = [torch.empty_like(kv) for kv in self.kv]
+            for kv, out in zip(self.kv, self.spare, strict=True):
+                if kv.requires_grad:  # (decoding outside no_grad; autograd does not support out=)
+                    out.copy_(kv.index_select(1, rows))
+                else:
+                    torch.index_select(kv, 1, rows, out=out)
+            if swap:
+                self.swap()
             return
         # static: every position (no shape from the length); exact: the filled ones, from the first one still read
         end = self.capacity if self.static else self.length
@@ -328,13 +347,13 @@ class DecoderCache:
         for s in self.segments:
             s.advance(host, device)
 
-    def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
+    def reorder(self, rows: Tensor, keep: list[int] | None = None, swap: bool = True) -> None:
         if len(self.segments) == 1:
             seg = self.segments[0]
             sentences = None
             if keep is not None and len(keep) < seg.sentences:
                 sentences = torch.tensor(keep, device=rows.device)
-            seg.reorder(rows, sentences, keep)
+            seg.reorder(rows, sentences, keep, swap)
             return
         kept, row_start, first_sentence, first_row = [], 0, 0, 0
         for seg in self.segments:
@@ -348,12 +367,18 @@ class DecoderCache:
             if count:
                 local = rows[row_start : row_start + n_rows] - first_row
                 chosen = None if mine is None or count == sentences else torch.tensor(mine, device=rows.device)
-                seg.reorder(local, chosen, mine)
+                seg.reorder(local, chosen, mine, swap)
                 kept.append(seg)
             row_start += n_rows
             first_sentence += sentences
             first_row += old_rows
         self.segments = kept
+
+    def swap(self) -> None:
+        """After `reorder(rows, swap=False)` (beams moved, no sentence left): each segment's gathered buffers
+        become its cache."""
+        for s in self.segments:
+            s.swap()
 
     def repeat_beams(self, k: int, newest: bool = False) -> None:
         for seg in self.segments[-1:] if newest else self.segments:

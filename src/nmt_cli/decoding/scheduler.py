@@ -32,7 +32,7 @@ from nmt_cli.config import PAD_ID
 from nmt_cli.decoding.beam import BeamSearch
 from nmt_cli.decoding.config import Hypothesis, SearchConfig, max_output_lengths
 from nmt_cli.decoding.constraints import constrain, prefix_tensor
-from nmt_cli.decoding.graphs import StepGraphs, graphable, step_body, step_key
+from nmt_cli.decoding.graphs import StepGraphs, after_step, graphable, step_body, step_key
 from nmt_cli.decoding.sampling import Sampling
 from nmt_cli.decoding.state import SearchState
 
@@ -159,7 +159,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             cache.make_room(model.config.max_positions)  # (a new bucket: new buffers, and a new graph)
             state.first_rows()  # made before the key, not inside a recording
             graphs.run(step_key(state, cache, cfg, search), step_body(model, cache, state, cfg, search), t)
-            cache.advance(device=False)
+            after_step(cache, search)
             lprobs = None  # the whole step is done: select and advance too (all rows; leaving is below)
         else:
             lprobs = _log_probs(model, state.column(t), cache)  # [N*per, V]
