@@ -1,5 +1,6 @@
 """nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
-beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts.
+beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs twice: beam
+reorders into spare buffers (decoding/cache.py's SPARE_REORDER, the default) and in place.
 
     python bench/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
     python bench/graph_ab.py --device cpu --precision fp32 --lines 40 --rounds 1   # the script itself, on CPU
@@ -19,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from nmt_cli.config import ModelConfig  # noqa: E402
 from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
+from nmt_cli.decoding import cache as cache_module  # noqa: E402
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs  # noqa: E402
 from nmt_cli.model import Transformer, avoid_cudnn_attention  # noqa: E402
 
@@ -56,7 +58,9 @@ def main() -> None:
         i += n
     cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=33)
     graphs = StepGraphs(device)
+    in_place = StepGraphs(device)
     modes = {"graphs": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=graphs),
+             "graphs, in place": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=in_place),
              "static": dict(static=True, check_every=GPU_CHECK_EVERY),
              "exact (before)": dict()}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
@@ -66,6 +70,7 @@ def main() -> None:
     outputs = {}
     for r in range(args.rounds):
         for name, options in modes.items():
+            cache_module.SPARE_REORDER = name != "graphs, in place"  # beam reorders: spare buffers or in place
             sync()
             start = time.perf_counter()
             found = decode_batches(model, batches, cfg, **options)
@@ -73,9 +78,10 @@ def main() -> None:
             outputs[name] = [h[0].tokens for batch in found for h in batch]
             s = time.perf_counter() - start
             print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
-    print(f"  graphs: {graphs.recorded} recorded, {graphs.replayed} replayed, {graphs.eager} eager, "
-          f"broken: {graphs.broken}")
-    for other in ("static", "exact (before)"):
+    for name, g in (("graphs", graphs), ("graphs, in place", in_place)):
+        print(f"  {name}: {g.recorded} recorded, {g.replayed} replayed, {g.eager} eager, broken: {g.broken}")
+    cache_module.SPARE_REORDER = True
+    for other in ("graphs, in place", "static", "exact (before)"):
         same = sum(a == b for a, b in zip(outputs["graphs"], outputs[other], strict=True))
         print(f"  best hypotheses identical, graphs vs {other}: {same}/{len(lengths)}")
 

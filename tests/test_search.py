@@ -566,14 +566,18 @@ def test_sampling_keeps_the_sentences_order_and_beam_search_takes_the_caches(mon
     assert asked  # sentences left the batch before the end, in the cache's order
 
 
+@pytest.mark.parametrize("spare", [True, False])  # beam reorders into spare buffers, or in place (cache.py)
 @pytest.mark.parametrize("check_every", [1, 4])
 @pytest.mark.parametrize("options", [dict(beam=4, nbest=4), dict(beam=1), dict(beam=4, stop="top"),
                                      dict(beam=4, nbest=2, min_len=3)])
-def test_the_graphed_step_gives_the_eager_outputs(options, check_every):
+def test_the_graphed_step_gives_the_eager_outputs(options, check_every, spare, monkeypatch):
     """The whole step that a GPU records as a CUDA graph (decoding/graphs.py), run on CPU as the recorded function
     (`replay=False`: the step number a tensor, the state's replaced tensors copied back into the ones it began
     with, finished sentences leaving after the step): the same hypotheses and scores as the static and exact
     layouts, batches joining; most steps are replays of a few recorded ones."""
+    from nmt_cli.decoding import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "SPARE_REORDER", spare)
     model = tiny(seed=12)
     src, mask, _ = mixed_batch(16, seed=13)
     batches = [(src[:8], mask[:8]), (src[8:], mask[8:])]

@@ -58,6 +58,10 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 MERGE_GAP = 8
 MERGE_COLUMNS = 4096
 CROSS_SOURCES = 16  # a merged segment's room for sources: their count rounded up to a multiple of this
+# Static layout: a beam reorder gathers into a spare buffer and swaps (one pass over the cache), or, False, gathers
+# and copies back in place (two passes, one address: a CUDA graph a bucket instead of two). Which is faster on a GPU
+# is unmeasured (bench/graph_ab.py times both).
+SPARE_REORDER = True
 
 
 class Cache(Protocol):
@@ -179,7 +183,8 @@ class Segment:
                 for new, old in zip(grown, self.kv, strict=True):
                     new[..., : self.length, :] = old[..., : self.length, :]
             self.kv = grown
-        if self.static and self.beams > 1 and (self.spare is None or self.spare[0].shape != self.kv[0].shape):
+        if (SPARE_REORDER and self.static and self.beams > 1
+                and (self.spare is None or self.spare[0].shape != self.kv[0].shape)):
             self.spare = [torch.empty_like(kv) for kv in self.kv]  # (a reorder writes every position of it)
 
     def _layout(self, rows: int, capacity: int) -> list[Tensor]:
@@ -230,6 +235,10 @@ class Segment:
                 self.offsets = [o - drop for o in offsets] if any(o > drop for o in offsets) else None
                 self._row_start = None
         if self.kv is None:
+            return
+        if self.static and rows.numel() == self.kv[0].size(1) and not drop and not SPARE_REORDER:
+            for kv in self.kv:  # in place: the buffers keep their addresses
+                kv.copy_(kv.index_select(1, rows))
             return
         if self.static and rows.numel() == self.kv[0].size(1) and not drop:  # into the spare buffers: the
             if self.spare is None or self.spare[0].shape != self.kv[0].shape:  # addresses alternate between two

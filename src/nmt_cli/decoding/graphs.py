@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt_cli.decoding import cache as cache_module
 from nmt_cli.decoding.config import SearchConfig
 from nmt_cli.decoding.constraints import constrain
 
@@ -201,5 +202,5 @@ def after_step(cache, search) -> None:
     and, after a beam search's reorder, its spare buffers as the cache (a replay runs no Python, so this is never
     inside a graph)."""
     cache.advance(device=False)
-    if search.beam:
+    if search.beam and cache_module.SPARE_REORDER:
         cache.swap()
