@@ -105,22 +105,26 @@ def test_bucket_shapes_are_what_collate_pads_to(sample_data_dir, tmp_path):
     assert bucket_shape([3], [5], 1024) == (128, 8)
 
 
+def _three_updates(data_dir, out_dir, **kw) -> tuple[list[float], dict]:
+    """The losses of 3 updates and the weights after them."""
+    trainer = _trainer(data_dir, out_dir, **kw)
+    losses = [trainer.update(trainer._next_micro_batches()).loss_sum for _ in range(3)]
+    return losses, {k: v.clone() for k, v in trainer.module.state_dict().items()}
+
+
+def _assert_same_training(got: tuple[list[float], dict], want: tuple[list[float], dict]) -> None:
+    assert got[0] == pytest.approx(want[0], rel=1e-5)
+    for name, weight in want[1].items():
+        torch.testing.assert_close(got[1][name], weight, rtol=1e-4, atol=1e-5)
+
+
 def test_three_compiled_updates_equal_three_eager_ones(toy_data_dir, tmp_path, monkeypatch):
     """torch.compile (aot_eager: dynamo's graphs and autograd's, without code generation) trains the bucket-shaped
     batches to the same weights as the eager model does (dropout 0, fp32)."""
-    digests = []
-    for compiled in (False, True):
-        if compiled:
-            monkeypatch.setattr(loop_mod.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-        else:
-            monkeypatch.setattr(loop_mod.torch, "compile", lambda module, **kw: module)
-        trainer = _trainer(toy_data_dir, tmp_path / f"run{compiled}", compile=True)
-        losses = [trainer.update(trainer._next_micro_batches()).loss_sum for _ in range(3)]
-        digests.append((losses, {k: v.clone() for k, v in trainer.module.state_dict().items()}))
-    (ref_losses, ref), (losses, weights) = digests
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    for name in ref:
-        torch.testing.assert_close(weights[name], ref[name], rtol=1e-4, atol=1e-5)
+    monkeypatch.setattr(loop_mod.torch, "compile", lambda module, **kw: module)
+    eager = _three_updates(toy_data_dir, tmp_path / "eager", compile=True)
+    monkeypatch.setattr(loop_mod.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    _assert_same_training(_three_updates(toy_data_dir, tmp_path / "compiled", compile=True), eager)
 
 
 def test_dynamic_compile_is_one_graph_for_every_batch_shape(sample_data_dir, toy_data_dir, tmp_path, monkeypatch):
@@ -145,14 +149,7 @@ def test_dynamic_compile_is_one_graph_for_every_batch_shape(sample_data_dir, toy
         trainer.update(micro)
     assert len(shapes) >= 10
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
-    digests = []
-    for compiled in (False, True):
-        trainer = _trainer(toy_data_dir, tmp_path / f"toy{compiled}", compile=compiled, compile_shapes="dynamic")
-        losses = [trainer.update(trainer._next_micro_batches()).loss_sum for _ in range(3)]
-        digests.append((losses, {k: v.clone() for k, v in trainer.module.state_dict().items()}))
-    (ref_losses, ref), (losses, weights) = digests
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    for name in ref:
-        torch.testing.assert_close(weights[name], ref[name], rtol=1e-4, atol=1e-5)
+    _assert_same_training(_three_updates(toy_data_dir, tmp_path / "compiled", compile=True, compile_shapes="dynamic"),
+                          _three_updates(toy_data_dir, tmp_path / "eager"))
     with pytest.raises(ConfigError, match="compile-shapes"):
         small_cfg(toy_data_dir, tmp_path / "bad", compile=True, compile_shapes="static").validate()

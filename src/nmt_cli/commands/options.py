@@ -5,9 +5,9 @@ from __future__ import annotations
 import typer
 
 
-def max_tokens_option(value: str | None) -> int | str | None:
-    """--max-tokens N|auto (nmt train, translate and serve): a positive integer, or auto (the largest batch that fits
-    the GPU, found by a probe: nmt_cli/memory.py)."""
+def int_or_auto(value: str | None) -> int | str | None:
+    """An option's N|auto: a positive integer, or auto. --max-tokens (nmt train, translate and serve; auto: the
+    largest batch that fits the GPU, found by a probe: nmt_cli/memory.py) and --update-freq (nmt train)."""
     if value is None or value == "auto":
         return value
     try:

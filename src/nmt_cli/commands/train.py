@@ -12,7 +12,7 @@ import typer
 
 from nmt_cli import defaults
 from nmt_cli.commands.helpformat import Command
-from nmt_cli.commands.options import max_tokens_option
+from nmt_cli.commands.options import int_or_auto
 from nmt_cli.precision import TrainPrecision
 
 _SUMMARY = "Train a Transformer on a prepared data directory"
@@ -55,18 +55,6 @@ Precision = TrainPrecision  # the choices of --precision, from the one table (nm
 class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
     buckets = "buckets"
     dynamic = "dynamic"
-
-
-def _update_freq(value: str) -> str:
-    if value == "auto":
-        return value
-    try:
-        n = int(value)
-    except ValueError:
-        raise typer.BadParameter(f"must be a positive integer or 'auto', not {value!r}") from None
-    if n < 1:
-        raise typer.BadParameter(f"must be at least 1, got {n}")
-    return str(n)
 
 
 def register(app: typer.Typer) -> None:
@@ -116,11 +104,11 @@ def register(app: typer.Typer) -> None:
         warmup: int = typer.Option(None, "--warmup", min=1, metavar="N", rich_help_panel=_RECIPE,
                                    show_default="tiny 400, base and big 4000", help="Warmup updates."),
         max_tokens: str = typer.Option(
-            None, "--max-tokens", callback=max_tokens_option, metavar="N|auto", rich_help_panel=_RECIPE,
+            None, "--max-tokens", callback=int_or_auto, metavar="N|auto", rich_help_panel=_RECIPE,
             show_default="update size / processes, at most 8192 on CPU (tiny 2048)",
             help="Padded tokens per micro-batch per process; auto: the largest that fits the GPU, probed at the "
                  "start (on CPU: the default)."),
-        update_freq: str = typer.Option("auto", "--update-freq", callback=_update_freq, metavar="N|auto",
+        update_freq: str = typer.Option("auto", "--update-freq", callback=int_or_auto, metavar="N|auto",
                                         rich_help_panel=_RECIPE,
                                         help="Micro-batches per update, or auto to reach --update-tokens."),
         update_tokens: int = typer.Option(None, "--update-tokens", min=1, metavar="N", rich_help_panel=_RECIPE,

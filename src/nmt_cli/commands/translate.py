@@ -12,7 +12,7 @@ import typer
 
 from nmt_cli import defaults
 from nmt_cli.commands.helpformat import Command
-from nmt_cli.commands.options import max_tokens_option
+from nmt_cli.commands.options import int_or_auto
 from nmt_cli.lines import open_input
 from nmt_cli.precision import TranslatePrecision
 
@@ -105,7 +105,7 @@ OPTIONS = {
     "seed": lambda: typer.Option(None, "--seed", metavar="N", rich_help_panel=_SAMPLING,
         help="Random seed (same seed, input and batching: same output)."),
     "max_tokens": lambda: typer.Option(
-        None, "--max-tokens", callback=max_tokens_option, metavar="N|auto", rich_help_panel=_MACHINE,
+        None, "--max-tokens", callback=int_or_auto, metavar="N|auto", rich_help_panel=_MACHINE,
         show_default=defaults.max_tokens_help(),
         help="Padded source tokens per batch; auto: the largest that fits the GPU, probed once at the start (on "
         "CPU: the default)."
