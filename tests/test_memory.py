@@ -178,6 +178,10 @@ def test_translation_probe_decodes_every_output_to_its_maximum_length():
     assert translate_fits(model, search, max_source=8, max_sentences=4, device=torch.device("cpu"))(32)
     # (4 sentences of 8 tokens: 8 + 5 steps, rows = sentences x beam after the first), then 4 of 8 again: one shape
     assert len(steps) == 13 and steps[1:] == [8] * 12
+    layouts = []  # with CUDA graphs on, the probe decodes in their (static) cache layout
+    real_init = model.init_cache
+    model.init_cache = lambda memory, pad=None, static=False: layouts.append(static) or real_init(memory, pad, static)
+    assert translate_fits(model, search, 8, 4, torch.device("cpu"), static=True)(32) and layouts == [True]
 
 
 # ---- the command line -------------------------------------------------------------------------------------------

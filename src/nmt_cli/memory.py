@@ -147,10 +147,12 @@ def translate_shapes(tokens: int, longest_source: int, max_sentences: int) -> li
     return shapes
 
 
-def translate_fits(model, search, max_source: int, max_sentences: int, device: torch.device) -> Callable[[int], bool]:
+def translate_fits(model, search, max_source: int, max_sentences: int, device: torch.device,
+                   static: bool = False) -> Callable[[int], bool]:
     """A `fits(tokens)` for translation: the search `search` (its beam, sampling and length limits) over synthetic
     batches of `translate_shapes`, every output forced to its maximum length (no end of sentence before it), with
-    batches one after the other (no joining). The model's vocabulary size is read from its config."""
+    batches one after the other (no joining), in the cache layout decoding will use (`static`: CUDA graphs' buckets
+    and spare buffers, more memory than the exact layout). The model's vocabulary size is read from its config."""
     from nmt_cli.decoding import decode_batches
 
     forced = dataclasses.replace(search, min_len=10**9, nbest=1)
@@ -162,7 +164,7 @@ def translate_fits(model, search, max_source: int, max_sentences: int, device: t
         for sentences, length in translate_shapes(tokens, max_source, max_sentences):
             src = _tokens(sentences, length, vocab, device, generator)
             pad = torch.zeros(sentences, length, dtype=torch.bool, device=device)
-            decode_batches(model, [(src, pad)], forced, generator=sampler, join_below=0.0)
+            decode_batches(model, [(src, pad)], forced, generator=sampler, join_below=0.0, static=static)
 
     def fits(tokens: int) -> bool:
         with torch.inference_mode():
@@ -172,11 +174,11 @@ def translate_fits(model, search, max_source: int, max_sentences: int, device: t
 
 
 def largest_translate_batch(model, search, max_source: int, max_sentences: int, device: torch.device,
-                            cap: int) -> int | None:
+                            cap: int, static: bool = False) -> int | None:
     """--max-tokens auto for translation: SAFETY x the largest batch (padded source tokens, at most `cap`) whose
     full-length search fits, at sources of min(`max_source`, PROBE_LONGEST_SOURCE) tokens and at `max_sentences`
     short ones; None when not even one sentence fits."""
     longest = max(1, min(max_source, PROBE_LONGEST_SOURCE))
-    fits = translate_fits(model, search, longest, max_sentences, device)
+    fits = translate_fits(model, search, longest, max_sentences, device, static)
     found = largest_fitting(fits, start=8192, cap=math.ceil(cap / SAFETY), floor=longest)
     return None if found is None else min(cap, max(longest, int(found * SAFETY)))

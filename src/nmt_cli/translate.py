@@ -267,7 +267,8 @@ class Translator:
         from nmt_cli.memory import SAFETY, largest_translate_batch
 
         found = largest_translate_batch(self.model, self.config.search, self.max_src_tokens + 1,
-                                        self.config.max_sentences, self.device, PROBE_CAP)
+                                        self.config.max_sentences, self.device, PROBE_CAP,
+                                        static=self.decode_options().get("static", False))
         if found is None:
             raise OutOfMemory(f"--max-tokens auto: not even one sentence fits in GPU memory with --beam "
                               f"{self.config.search.beam}; lower --beam or use --device cpu")
