@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from nmt_cli.config import PRESETS, ModelConfig, preset
+from nmt_cli.decoding import cache as cache_module
 from nmt_cli.decoding.scheduler import encode_batch
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import Transformer, attend, sinusoidal_positions
@@ -190,12 +191,13 @@ def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody
     torch.testing.assert_close(out, model(src[2:, :5], tgt[2:, :5], mask[2:, :5])[:, 4], atol=1e-5, rtol=1e-5)
 
 
-def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_the_room():
+def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_the_room(monkeypatch):
     """When sentences leave, the kept ones past the kept count fill the holes (`order`) and nothing else of the
     encoder-decoder keys and values moves (same buffer); a merged join writes into the room left (by the sentence
     that left, then by a new buffer's spare room). The self-attention keys and values likewise: a merge that copies
     the running rows leaves as many rows spare as it added, and the next join of that size writes into them. Every
-    step still equals the full forward pass."""
+    step still equals the full forward pass. (Joins up to 5 positions apart: MERGE_GAP raised so that all merge.)"""
+    monkeypatch.setattr(cache_module, "MERGE_GAP", 8)
     model = tiny_model()
     src, tgt = batch(b=7, t=8)
     src[2, 4:] = 0

@@ -10,6 +10,7 @@ import torch
 
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, preset
 from nmt_cli.decoding import beam as beam_module
+from nmt_cli.decoding import cache as cache_module
 from nmt_cli.decoding.cache import DecoderCache
 from nmt_cli.decoding.config import SearchConfig, length_penalty, max_output_lengths
 from nmt_cli.decoding.graphs import StepGraphs
@@ -495,7 +496,9 @@ def test_a_live_feed_gives_what_the_batches_give(options, monkeypatch):
     """A server's live feed (decode_batches(feed=, on_done=)): batches that arrive while a search runs join it at
     a host check, every sentence is reported once, as it finishes, with the hypotheses the batches give alone;
     the feed is waited on only when nothing runs, and decoding ends when `wait` says so. Small batches joining
-    merge into the running cache segment and take their first step there."""
+    merge into the running cache segment and take their first step there (MERGE_GAP raised: here they join up to
+    9 steps apart)."""
+    monkeypatch.setattr(cache_module, "MERGE_GAP", 64)
     model = tiny(seed=6)
     segments = []
     real_step = Transformer.static_step
@@ -549,6 +552,52 @@ def test_a_live_feed_gives_what_the_batches_give(options, monkeypatch):
     assert sorted(done) == sorted(set(range(24)) - feed.gone)
     for i in done:
         assert [h.tokens for h in done[i]] == [h.tokens for h in alone[i]]
+
+
+def test_joins_merge_by_age_into_a_few_segments(monkeypatch):
+    """A batch joins the newest segment when their lengths differ by at most MERGE_GAP positions, else keeps a
+    segment of its own (which later joins then merge into): a server's segments are generations a few steps apart,
+    and what it decodes equals each batch alone."""
+    model = tiny(seed=6)
+    segments = []
+    real_step = Transformer.static_step
+    monkeypatch.setattr(Transformer, "static_step",
+                        lambda self, tokens, cache: (segments.append([s.length for s in cache.segments]),
+                                                     real_step(self, tokens, cache))[1])
+    src, mask, _ = mixed_batch(8, seed=8)
+    cfg = SearchConfig(beam=2, max_len_a=0.0, max_len_b=30)
+    batches = [(src[i : i + 2], mask[i : i + 2]) for i in range(0, 8, 2)]
+    alone = sum(decode_batches(model, batches, cfg, join_below=0.0), [])
+    joins = iter([2, 3, 9])  # the checks (steps) at which the 2nd, 3rd and 4th batch join
+
+    class Feed:
+        def __init__(self):
+            self.queue, self.checks, self.due = list(batches), 0, next(joins)
+
+        def poll(self, running):
+            self.checks += 1
+            if self.queue and self.checks == self.due:
+                self.due = next(joins, None)
+                return self.queue.pop(0)
+            return None
+
+        def wait(self):
+            return self.queue.pop(0) if self.checks == 0 else None
+
+        def abandoned(self, sentences):
+            return []
+
+    done = {}
+    segments.clear()
+    decode_batches(model, [], cfg, feed=Feed(), on_done=lambda i, hyps: done.setdefault(i, hyps))
+    # lengths of the segments at each step: batch 2 joins 2 steps after batch 1 and merges (gap 2 <= 4), batch 3
+    # joins one step later and merges (gap 3), batch 4 six steps after that and keeps its own segment (gap 9 > 4)
+    assert segments[:9] == [[t] for t in range(9)]  # batches 2 and 3 merged into batch 1's segment
+    assert segments[9] == [9, 0]  # batch 4 keeps its own
+    assert max(len(s) for s in segments) == 2
+    assert sorted(done) == list(range(8))
+    for i, a in enumerate(alone):
+        assert [h.tokens for h in done[i]] == [h.tokens for h in a]
 
 
 def test_sampling_keeps_the_sentences_order_and_beam_search_takes_the_caches(monkeypatch):
