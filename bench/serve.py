@@ -10,7 +10,10 @@
    of the file, one sentence a request, until all are sent; sentences/s over the wall time, p50 and p99 request latency, failures,
    how many answers equal the offline translation, and the server's CPU time a sentence (beside offline's: on a
    shared machine, CPU time moves less than wall time).
-4. steps 1 and 3 again, --rounds times in all (the server keeps running): each round's ratio is against its own
+4. for each C, the same decoding engine without HTTP (`nmt_cli.serve.engine.Engine` in this process, C virtual
+   clients each submitting its next line from the previous one's callback): what the server's HTTP side and its
+   sharing of Python's GIL cost, beside what the decoding itself reaches;
+5. steps 1, 3 and 4 again, --rounds times in all (the server keeps running): each round's ratio is against its own
    offline run, and the median over the rounds is printed last (a shared machine's speed drifts between runs).
 Bounded: every response must come within 120 s and the server is stopped (SIGTERM) at the end, whatever happens.
 """
@@ -47,6 +50,30 @@ def offline(checkpoint: str, lines: list[str], threads: int, options: dict) -> t
     translate_stream(tr, io.BytesIO("".join(line + "\n" for line in lines).encode()), sink)
     seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     return seconds, cpu, sink.getvalue().decode().splitlines()
+
+
+def engine_alone(engine, lines: list[str], clients: int) -> float:
+    """Sentences/s of `engine` (a serve Engine in this process) with `clients` virtual clients: each submits its
+    next line when its previous one is answered (from the engine's callback), one sentence a request, no HTTP."""
+    cfg = engine.config()
+    lock, done = threading.Lock(), threading.Event()
+    state = {"next": min(clients, len(lines)), "finished": 0}
+
+    def on_finish(job) -> None:
+        with lock:
+            state["finished"] += 1
+            i, state["next"] = state["next"], state["next"] + 1
+            if state["finished"] == len(lines):
+                done.set()
+        if i < len(lines):
+            engine.submit([lines[i]], cfg, on_finish)
+
+    start = time.perf_counter()
+    for i in range(state["next"]):
+        engine.submit([lines[i]], cfg, on_finish)
+    if not done.wait(600):
+        raise SystemExit("the engine did not finish within 600 s")
+    return len(lines) / (time.perf_counter() - start)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -147,7 +174,13 @@ def main() -> None:
     options = {"beam": a.beam}
     print(f"input: {a.input} ({len(lines)} lines), checkpoint {a.checkpoint}, beam {a.beam}, {a.threads} thread(s), "
           f"{a.rounds} round(s)")
-    proc, url = start_server(a.checkpoint, a.threads, options, queue=max(1024, max(a.clients) * 2))
+    from nmt_cli.serve.engine import Engine
+
+    queue = max(1024, max(a.clients) * 2)
+    set_threads(a.threads)
+    engine = Engine(Translator.load(a.checkpoint, device="cpu", **options), queue, "bench-engine")
+    engine_alone(engine, lines[:100], min(a.clients))  # warm-up
+    proc, url = start_server(a.checkpoint, a.threads, options, queue=queue)
     ratios: dict[int, list[float]] = {c: [] for c in a.clients}
     try:
         reference = None
@@ -158,7 +191,8 @@ def main() -> None:
             print(f"round {r}: offline (nmt translate's code, load excluded): {seconds:.2f} s, {base:.1f} "
                   f"sentences/s, {1000 * cpu / len(lines):.2f} CPU ms a sentence")
             print(f"{'clients':>7} {'sent/s':>8} {'x offline':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
-                  f"{'= offline':>9} {'CPU ms/sent':>11}   offline, <= C sentences a batch: sent/s, CPU ms/sent")
+                  f"{'= offline':>9} {'CPU ms/sent':>11}   offline, <= C sentences a batch: sent/s, CPU ms/sent; "
+                  "engine alone, no HTTP: sent/s (x offline)")
             for c in a.clients:
                 # C clients never have more than C sentences in flight: offline batches of at most C sentences
                 # (the same continuous batching), measured right before, for comparison
@@ -166,6 +200,7 @@ def main() -> None:
                 before = cpu_seconds(proc.pid)
                 wall, lat, answers, failures = asyncio.run(load(url, lines, c))
                 used = cpu_seconds(proc.pid) - before
+                alone = engine_alone(engine, lines, c)
                 ok = sum(1 for x in answers if x is not None)
                 same = sum(1 for x, y in zip(answers, reference, strict=True) if x == y)
                 q = statistics.quantiles(lat, n=100)
@@ -173,12 +208,13 @@ def main() -> None:
                 print(f"{c:>7} {ok / wall:>8.1f} {ok / wall / base:>9.2f} {q[49] * 1000:>8.0f} "
                       f"{q[98] * 1000:>8.0f} {len(lines) - ok:>6} {same:>5}/{len(lines)} "
                       f"{1000 * used / len(lines):>11.2f}   {len(lines) / capped:.1f}, "
-                      f"{1000 * capped_cpu / len(lines):.2f}", flush=True)
+                      f"{1000 * capped_cpu / len(lines):.2f}; {alone:.1f} ({alone / base:.2f})", flush=True)
         if a.rounds > 1:
             print("x offline over the rounds (each against its own round's offline run): "
                   + "; ".join(f"{c} clients median {statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})"
                               for c, v in ratios.items()))
     finally:
+        engine.close()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
         print(f"server stopped by SIGTERM: exit {code}")
