@@ -26,7 +26,8 @@ echo "installed at ${SECONDS}s"
 # 1. the CUDA tests, the CUDA-graph ones first (nothing else counts if they fail)
 timeout 60 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_cuda.py -k graph -rfEs --tb=short -x \
   > "$OUT/graph_tests.log" 2>&1; echo "graph tests rc=$? at ${SECONDS}s"; tail -15 "$OUT/graph_tests.log"
-timeout 120 .venv/bin/python -m pytest -q -n 4 -p no:cacheprovider tests/test_cuda.py -rfEs --tb=short \
+XDIST=$(.venv/bin/python -c "import xdist" 2>/dev/null && echo "-n 4")  # pytest-xdist where the image has it
+timeout 120 .venv/bin/python -m pytest -q $XDIST -p no:cacheprovider tests/test_cuda.py -rfEs --tb=short \
   > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$? at ${SECONDS}s"; tail -8 "$OUT/cuda_tests.log"
 # 2. decoding with and without graphs in one process (base shape, fp16), then against CTranslate2 on base and big
 timeout 60 .venv/bin/python bench/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
