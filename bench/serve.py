@@ -77,14 +77,17 @@ def engine_alone(engine, lines: list[str], clients: int) -> float:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+    """User + system CPU seconds of a process and the processes it started, so far (/proc: Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(cpu_seconds(int(child)) for child in children)
 
 
-def start_server(checkpoint: str, threads: int, options: dict, queue: int) -> tuple[subprocess.Popen, str]:
+def start_server(checkpoint: str, threads: int, options: dict, queue: int, flags: tuple[str, ...] = ()
+                 ) -> tuple[subprocess.Popen, str]:
     args = [sys.executable, "-m", "nmt_cli.cli", "serve", "-m", checkpoint, "--port", "0", "--threads", str(threads),
-            "--queue-size", str(queue), "--batch-limit", "64"]
+            "--queue-size", str(queue), "--batch-limit", "64", *flags]
     for k, v in options.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
@@ -166,6 +169,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--limit", type=int, default=None, help="only the first N lines")
+    ap.add_argument("--engine-process", action="store_true", help="serve with nmt serve --engine-process")
     ap.add_argument("--rounds", type=int, default=3,
                     help="offline and server runs in turn this many times (the machine's speed drifts)")
     a = ap.parse_args()
@@ -180,7 +184,8 @@ def main() -> None:
     set_threads(a.threads)
     engine = Engine(Translator.load(a.checkpoint, device="cpu", **options), queue, "bench-engine")
     engine_alone(engine, lines[:100], min(a.clients))  # warm-up
-    proc, url = start_server(a.checkpoint, a.threads, options, queue=queue)
+    proc, url = start_server(a.checkpoint, a.threads, options, queue=queue,
+                             flags=("--engine-process",) if a.engine_process else ())
     ratios: dict[int, list[float]] = {c: [] for c in a.clients}
     try:
         reference = None

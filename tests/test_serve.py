@@ -70,9 +70,11 @@ def slow_ckpt(tmp_path_factory, toy_tokenizer_bytes):
                            d_model=128, d_ff=256, max_positions=512)
 
 
-@pytest.fixture(scope="module")
-def server(ckpt):
-    s = Server("-m", str(ckpt), "--batch-limit", "8", "--char-limit", "300")
+@pytest.fixture(scope="module", params=["in-process", "engine-process"])
+def server(ckpt, request):
+    """The API's tests run against both: the engine in the server's process, and in one of its own."""
+    flags = ("--engine-process",) if request.param == "engine-process" else ()
+    s = Server("-m", str(ckpt), "--batch-limit", "8", "--char-limit", "300", *flags)
     yield s
     assert s.stop() == 0, "".join(s.log)
 
@@ -379,6 +381,91 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(slow_ckpt, toy_toke
     assert s.proc.wait(60) == 0, "".join(s.log)
     # the request was in the engine when SIGTERM came, and was answered in full after it
     assert result["status"] == 200 and len(result["body"]["translatedText"]) == 2 and result["at"] > stopped
+
+
+def children(pid: int) -> list[int]:
+    """The processes `pid` started (Linux)."""
+    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+
+
+def engine_pid(s: Server) -> int:
+    """The engine process of an `--engine-process` server (the one child that is not multiprocessing's resource
+    tracker)."""
+    for pid in children(s.proc.pid):
+        if "spawn_main" in open(f"/proc/{pid}/cmdline").read():
+            return pid
+    raise AssertionError(f"no engine process among {children(s.proc.pid)}")
+
+
+def wait_queued(s: Server, busy: bool, deadline_s: float = 30) -> dict:
+    """/info's model once sentences are queued (busy) or none is."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        m = httpx.get(s.url + "/info").json()["models"][0]
+        if (m["queued"] > 0) == busy:
+            return m
+        assert time.monotonic() < deadline, m
+        time.sleep(0.01)
+
+
+def test_engine_process_time_limit_queue_and_stop(slow_ckpt):
+    """With --engine-process: a request past the time limit gets 503 and leaves nothing queued, a full queue 503
+    with Retry-After, and SIGTERM finishes the request in flight, stops the engine process and exits 0."""
+    s = Server("-m", str(slow_ckpt), "--engine-process", "--timeout", "0.3", "--max-len-b", "400",
+               "--queue-size", "4", "--batch-limit", "4")
+    try:
+        engine = engine_pid(s)
+        r = post(s, {"q": LINES[:4], "source": "en", "target": "de", "beam": 8})
+        assert "longer than this server's limit of 0.3 s" in error_of(r, 503)
+        m = wait_queued(s, busy=False)  # the given-up sentences left the queue (and the engine's search)
+        assert m["queued"] == 0 and m["dropped"] == 4
+        r = post(s, {"q": "a cat", "source": "en", "target": "de", "beam": 1, "max_len_b": 2})
+        assert r.status_code == 200 and r.json()["translatedText"]
+
+        result = {}
+
+        def send(key, body):
+            r = httpx.post(s.url + "/translate", json=body, timeout=120)
+            result[key] = (r.status_code, r.json(), r.headers.get("Retry-After"))
+
+        long = threading.Thread(target=send, args=("long", {"q": LINES[:4], "source": "en", "target": "de",
+                                                           "beam": 1}))
+        long.start()
+        wait_queued(s, busy=True)
+        send("full", {"q": "a cat", "source": "en", "target": "de"})  # 4 sentences queued: no room for a 5th
+        assert result["full"][0] == 503 and "queue full" in result["full"][1]["error"] and result["full"][2]
+        s.proc.send_signal(signal.SIGTERM)
+        long.join(120)
+        assert s.proc.wait(60) == 0, "".join(s.log)
+    finally:
+        s.stop()
+    assert result["long"][0] == 200 and len(result["long"][1]["translatedText"]) == 4  # finished after SIGTERM
+    assert not os.path.exists(f"/proc/{engine}") or "zombie" in open(f"/proc/{engine}/status").read().lower()
+
+
+def test_engine_process_that_dies_fails_its_requests_and_the_server_says_so(slow_ckpt):
+    """If the engine process dies (killed: out of memory), the requests it held get 500, later ones 503, and
+    the server still answers /health and stops with exit 0."""
+    s = Server("-m", str(slow_ckpt), "--engine-process", "--max-len-b", "400")
+    try:
+        result = {}
+
+        def send():
+            r = post(s, {"q": LINES[:2], "source": "en", "target": "de"})
+            result["r"] = r
+
+        t = threading.Thread(target=send)
+        t.start()
+        wait_queued(s, busy=True)
+        os.kill(engine_pid(s), signal.SIGKILL)
+        t.join(60)
+        assert "the decoding engine process died" in error_of(result["r"], 500)
+        assert "the decoding engine process died" in error_of(post(s, {"q": "a cat", "source": "en",
+                                                                        "target": "de"}), 503)
+        assert httpx.get(s.url + "/health").status_code == 200
+        assert httpx.get(s.url + "/info").status_code == 200
+    finally:
+        assert s.stop() == 0, "".join(s.log)
 
 
 def test_without_the_extra_serve_says_what_to_install(ckpt):

@@ -66,6 +66,11 @@ def register(app: typer.Typer) -> None:
                                      help="Largest beam (and alternatives + 1) a request may ask for."),
         access_log: bool = typer.Option(False, "--access-log", rich_help_panel=_SERVER,
                                         help="Log every request on stderr."),
+        engine_process: bool = typer.Option(
+            False, "--engine-process", rich_help_panel=_SERVER,
+            help="Decode in a process of its own per model, so that the HTTP side never holds the decoding's "
+                 "Python GIL (experimental; see docs/serve.md).",
+        ),
         beam: int = OPTIONS["beam"](),
         lenpen: float = OPTIONS["lenpen"](),
         lenpen_form: LengthPenalty = OPTIONS["lenpen_form"](),
@@ -135,8 +140,17 @@ def register(app: typer.Typer) -> None:
             threads = choice.threads
             if choice.threads < cpus.core_count():
                 note_line(f"threads: {choice.reason} (--threads N to choose)")
-        service = Service([Model(name, src, tgt, Engine(tr, queue_size, f"nmt-{src}-{tgt}"))
-                           for name, (src, tgt), tr in loaded], limits, keys, precision.value, threads)
+        def engine(name: str, src: str, tgt: str, tr: core.Translator):
+            if not engine_process:
+                return Engine(tr, queue_size, f"nmt-{src}-{tgt}")
+            from nmt_cli.serve.remote import RemoteEngine
+
+            spec = dict(model=name, device=device.value, precision=precision.value,
+                        config=core.TranslateConfig.from_options(**options), threads=threads)
+            return RemoteEngine(tr, spec, queue_size, f"nmt-{src}-{tgt}")
+
+        service = Service([Model(name, src, tgt, engine(name, src, tgt, tr)) for name, (src, tgt), tr in loaded],
+                          limits, keys, precision.value, threads)
         for (src, tgt), m in sorted(service.models.items()):
             note_line(f"{src}-{tgt}: {m.name}")
         status = web.run(service, host, port, access_log)

@@ -119,8 +119,8 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
             job = plan.model.engine.submit(plan.lines, plan.cfg, finished)
         except QueueFull as exc:
             raise RequestError(503, str(exc), {"Retry-After": str(exc.retry_after)}) from None
-        except Stopping:
-            raise RequestError(503, "the server is stopping", {"Retry-After": "5"}) from None
+        except Stopping as exc:
+            raise RequestError(503, str(exc), {"Retry-After": "5"}) from None
         try:
             job = await asyncio.wait_for(asyncio.shield(future), limits.timeout)
         except asyncio.TimeoutError:

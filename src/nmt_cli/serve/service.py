@@ -267,7 +267,7 @@ class Service:
             tr = m.translator
             models.append({
                 "model": m.name, "source": s, "target": t, "device": str(tr.device), "precision": self.precision,
-                "parameters": sum(p.numel() for p in tr.model.parameters()),
+                "parameters": m.engine.parameters,
                 "defaults": {name: getattr(m.engine.default, attr) for name, (attr, _) in SEARCH_FIELDS.items()},
                 "max_tokens": m.engine.max_tokens, **m.engine.stats(),
             })
