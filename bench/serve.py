@@ -169,7 +169,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--limit", type=int, default=None, help="only the first N lines")
-    ap.add_argument("--engine-process", action="store_true", help="serve with nmt serve --engine-process")
+    ap.add_argument("--no-engine-process", action="store_true",
+                    help="serve with the engine in the server's process (nmt serve --no-engine-process)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="offline and server runs in turn this many times (the machine's speed drifts)")
     a = ap.parse_args()
@@ -185,7 +186,7 @@ def main() -> None:
     engine = Engine(Translator.load(a.checkpoint, device="cpu", **options), queue, "bench-engine")
     engine_alone(engine, lines[:100], min(a.clients))  # warm-up
     proc, url = start_server(a.checkpoint, a.threads, options, queue=queue,
-                             flags=("--engine-process",) if a.engine_process else ())
+                             flags=("--no-engine-process",) if a.no_engine_process else ())
     ratios: dict[int, list[float]] = {c: [] for c in a.clients}
     try:
         reference = None

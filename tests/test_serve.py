@@ -73,7 +73,7 @@ def slow_ckpt(tmp_path_factory, toy_tokenizer_bytes):
 @pytest.fixture(scope="module", params=["in-process", "engine-process"])
 def server(ckpt, request):
     """The API's tests run against both: the engine in the server's process, and in one of its own."""
-    flags = ("--engine-process",) if request.param == "engine-process" else ()
+    flags = ("--engine-process",) if request.param == "engine-process" else ("--no-engine-process",)
     s = Server("-m", str(ckpt), "--batch-limit", "8", "--char-limit", "300", *flags)
     yield s
     assert s.stop() == 0, "".join(s.log)

@@ -47,6 +47,14 @@ def keep_freed_memory() -> list[str]:
     return list(_applied)
 
 
+def give_back() -> None:
+    """Return the heap's free memory to the system now (glibc's malloc_trim; nothing elsewhere): for a process that
+    dropped a large model it keeps running without (nmt serve's HTTP process, serve/remote.py)."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
 def _glibc():
     if not sys.platform.startswith("linux"):
         return None

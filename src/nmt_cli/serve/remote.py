@@ -19,6 +19,7 @@ If it dies, the requests it held fail (500) and later ones are refused (503).
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import math
 import multiprocessing
@@ -28,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from nmt_cli import allocator
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.serve.engine import Job, QueueFull, Stopping
 from nmt_cli.translate import Translator
@@ -123,6 +125,8 @@ class RemoteEngine:
         self.max_tokens = info["max_tokens"]
         self.parameters = info["parameters"]
         translator.model = None  # the engine process has its own; this one only tokenizes
+        gc.collect()
+        allocator.give_back()
         if translator.device.type == "cuda":
             import torch
 
