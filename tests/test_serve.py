@@ -468,6 +468,17 @@ def test_engine_process_that_dies_fails_its_requests_and_the_server_says_so(slow
         assert s.stop() == 0, "".join(s.log)
 
 
+def test_an_engine_process_that_cannot_load_says_why_in_one_line(ckpt):
+    from nmt_cli.serve.remote import EngineProcessError, RemoteEngine
+    from nmt_cli.translate import TranslateConfig
+
+    spec = dict(model=str(ckpt) + ".missing", device="cpu", precision="fp32", config=TranslateConfig(), threads=1)
+    with pytest.raises(EngineProcessError) as err:
+        RemoteEngine(Translator.load(ckpt, device="cpu"), spec)
+    assert "could not load" in str(err.value) and "no such checkpoint" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_without_the_extra_serve_says_what_to_install(ckpt):
     code = ("import sys; sys.modules['uvicorn'] = None; from nmt_cli.cli import main; "
             f"main(['serve', '-m', {str(ckpt)!r}])")

@@ -31,14 +31,15 @@ from collections.abc import Callable
 
 from nmt_cli import allocator
 from nmt_cli.decoding import SearchConfig
+from nmt_cli.errors import NmtError
 from nmt_cli.serve.engine import Job, QueueFull, Stopping
 from nmt_cli.translate import Translator
 
 READY_TIMEOUT_S = 600  # loading a large model from a slow disk
 
 
-class EngineProcessError(RuntimeError):
-    """The engine process could not start (its message) or died."""
+class EngineProcessError(NmtError):
+    """The engine process could not start (its message says why; `--no-engine-process` serves without one)."""
 
 
 def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
@@ -121,7 +122,8 @@ class RemoteEngine:
             raise EngineProcessError(f"the engine process for {spec['model']} died while loading the model "
                                      f"(exit code {self.process.exitcode})") from None
         if kind == "error":
-            raise EngineProcessError(f"the engine process could not load {spec['model']}: {info}")
+            raise EngineProcessError(f"the engine process could not load {spec['model']}: {info} (try "
+                                     "--no-engine-process)")
         self.max_tokens = info["max_tokens"]
         self.parameters = info["parameters"]
         translator.model = None  # the engine process has its own; this one only tokenizes
