@@ -421,6 +421,9 @@ def test_engine_process_time_limit_queue_and_stop(slow_ckpt):
         assert m["queued"] == 0 and m["dropped"] == 4
         r = post(s, {"q": "a cat", "source": "en", "target": "de", "beam": 1, "max_len_b": 2})
         assert r.status_code == 200 and r.json()["translatedText"]
+        for q in ["\n", [" ", "a cat\n\n"], "a cat"]:  # lines with nothing to decode finish at once in the engine process
+            assert post(s, {"q": q, "source": "en", "target": "de", "beam": 1, "max_len_b": 2}).status_code == 200
+        assert httpx.get(s.url + "/info").json()["models"][0]["engine_process_requests"] == 0  # none kept there
 
         result = {}
 

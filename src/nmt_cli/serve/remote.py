@@ -60,16 +60,19 @@ def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
         return
     conn.send(("ready", {"max_tokens": engine.max_tokens,
                          "parameters": sum(p.numel() for p in translator.model.parameters())}))
-    send_lock = threading.Lock()
-    jobs: dict[int, Job] = {}
+    send_lock, jobs_lock = threading.Lock(), threading.Lock()
+    jobs: dict[int, Job] = {}  # the running requests, for cancel
+    early: set[int] = set()  # requests finished before `submit_ids` returned (no line to decode, or fast)
 
     def send(message) -> None:
         with send_lock:
             conn.send(message)
 
     def finished(number: int) -> Callable[[Job], None]:
-        def on_finish(job: Job) -> None:  # in the engine's worker thread
-            jobs.pop(number, None)
+        def on_finish(job: Job) -> None:  # in the engine's worker thread (or in submit_ids)
+            with jobs_lock:
+                if jobs.pop(number, None) is None:
+                    early.add(number)
             send(("done", number, job.results, job.error))
         return on_finish
 
@@ -83,15 +86,24 @@ def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
         if kind == "submit":
             _, number, sources, cfg = message
             try:
-                jobs[number] = engine.submit_ids(sources, cfg, finished(number))
+                job = engine.submit_ids(sources, cfg, finished(number))
             except (QueueFull, Stopping) as exc:  # (the HTTP process's count keeps this from happening)
                 send(("done", number, None, str(exc)))
+                continue
+            with jobs_lock:
+                if number in early:
+                    early.discard(number)
+                else:
+                    jobs[number] = job
         elif kind == "cancel":
-            job = jobs.pop(message[1], None)
+            with jobs_lock:
+                job = jobs.pop(message[1], None)
             if job is not None:
                 engine.cancel(job)
         elif kind == "stats":
-            send(("stats", engine.stats()))
+            with jobs_lock:
+                running = len(jobs)
+            send(("stats", {**engine.stats(), "engine_process_requests": running}))
         elif kind == "close":
             engine.close(wait=True)
             send(("closed",))
