@@ -141,13 +141,18 @@ def register(app: typer.Typer) -> None:
             threads = choice.threads
             if choice.threads < cpus.core_count():
                 note_line(f"threads: {choice.reason} (--threads N to choose)")
+        decoding = threads
+        if threads is not None and threads > 1 and all(t.device.type == "cpu" for _, _, t in loaded):
+            decoding = threads - 1  # one thread left to the HTTP side and the encoding (docs/serve.md, Threads)
+            core.set_threads(decoding)
+
         def engine(name: str, src: str, tgt: str, tr: core.Translator):
             if not (engine_process if engine_process is not None else tr.device.type == "cpu"):
                 return Engine(tr, queue_size, f"nmt-{src}-{tgt}")
             from nmt_cli.serve.remote import RemoteEngine
 
             spec = dict(model=name, device=device.value, precision=precision.value,
-                        config=core.TranslateConfig.from_options(**options), threads=threads)
+                        config=core.TranslateConfig.from_options(**options), threads=decoding)
             return RemoteEngine(tr, spec, queue_size, f"nmt-{src}-{tgt}")
 
         service = Service([Model(name, src, tgt, engine(name, src, tgt, tr)) for name, (src, tgt), tr in loaded],
