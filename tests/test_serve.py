@@ -70,11 +70,16 @@ def slow_ckpt(tmp_path_factory, toy_tokenizer_bytes):
                            d_model=128, d_ff=256, max_positions=512)
 
 
-@pytest.fixture(scope="module", params=["in-process", "engine-process"])
+SERVER_MODES = {"in-process": ("--no-engine-process",), "engine-process": ("--engine-process",),
+                "two-engine-processes": ("--engine-process", "--threads", "2")}
+
+
+@pytest.fixture(scope="module", params=list(SERVER_MODES))
 def server(ckpt, request):
-    """The API's tests run against both: the engine in the server's process, and in one of its own."""
-    flags = ("--engine-process",) if request.param == "engine-process" else ("--no-engine-process",)
-    s = Server("-m", str(ckpt), "--batch-limit", "8", "--char-limit", "300", *flags)
+    """The API's tests run against each: the engine in the server's process, in one of its own, and (2 threads)
+    in two, the requests shared between them."""
+    s = Server("-m", str(ckpt), "--batch-limit", "8", "--char-limit", "300", *SERVER_MODES[request.param])
+    s.mode = request.param
     yield s
     assert s.stop() == 0, "".join(s.log)
 
@@ -166,6 +171,7 @@ def test_languages_health_info(server):
     assert info["limits"]["batch_limit"] == 8 and info["limits"]["char_limit"] == 300
     assert info["models"][0]["source"] == "en" and info["models"][0]["precision"] == "fp32"
     assert info["models"][0]["defaults"]["beam"] == 4 and info["api_key_required"] is False
+    assert info["models"][0].get("engine_processes", 1) == (2 if server.mode == "two-engine-processes" else 1)
     settings = httpx.get(server.url + "/frontend/settings").json()
     assert settings["charLimit"] == 300 and settings["keyRequired"] is False
 
@@ -408,11 +414,13 @@ def wait_queued(s: Server, busy: bool, deadline_s: float = 30) -> dict:
         time.sleep(0.01)
 
 
-def test_engine_process_time_limit_queue_and_stop(slow_ckpt):
-    """With --engine-process: a request past the time limit gets 503 and leaves nothing queued, a full queue 503
-    with Retry-After, and SIGTERM finishes the request in flight, stops the engine process and exits 0."""
+@pytest.mark.parametrize("threads", ["1", "2"], ids=["one-engine-process", "two-engine-processes"])
+def test_engine_process_time_limit_queue_and_stop(slow_ckpt, threads):
+    """With --engine-process (one, or two sharing the requests): a request past the time limit gets 503 and leaves
+    nothing queued, a full queue (over all engines) 503 with Retry-After, and SIGTERM finishes the request in flight,
+    stops the engine processes and exits 0."""
     s = Server("-m", str(slow_ckpt), "--engine-process", "--timeout", "0.3", "--max-len-b", "400",
-               "--queue-size", "4", "--batch-limit", "4")
+               "--queue-size", "4", "--batch-limit", "4", "--threads", threads)
     try:
         engine = engine_pid(s)
         r = post(s, {"q": LINES[:4], "source": "en", "target": "de", "beam": 8})

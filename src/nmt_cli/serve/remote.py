@@ -165,7 +165,9 @@ class RemoteEngine:
         return dataclasses.replace(self.default, **options).validate() if options else self.default
 
     def submit(self, lines: list[str], cfg: SearchConfig, on_finish: Callable[[Job], None]) -> Job:
-        sources = self.translator.encode(lines, 1)
+        return self.submit_ids(self.translator.encode(lines, 1), cfg, on_finish)
+
+    def submit_ids(self, sources: list[list[int]], cfg: SearchConfig, on_finish: Callable[[Job], None]) -> Job:
         todo = sum(1 for s in sources if s)
         job = Job(sources, cfg, (), on_finish, [None] * len(sources))
         with self.lock:
@@ -205,10 +207,8 @@ class RemoteEngine:
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Take no new work; the engine process finishes what it accepted, answers it, and ends."""
         with self.lock:
-            if self.closing:
-                return
-            self.closing = True
-        if not self.dead:
+            first, self.closing = not self.closing, True
+        if first and not self.dead:
             self._send(("close",))
         if wait:
             self.closed.wait(timeout)
@@ -275,3 +275,64 @@ class RemoteEngine:
 
     def _retry_after(self) -> int:
         return max(1, min(60, math.ceil(self.queued / (self._rate or 1.0))))
+
+
+class EnginePool:
+    """Several engine processes for one model, as offline translation's decoding streams (CPU, 2 threads or more):
+    each request goes whole to the one with the fewest sentences queued; the queue bound holds over all of them.
+    The `Engine` interface again (cancel goes to the request's engine; counters are summed)."""
+
+    def __init__(self, engines: list[RemoteEngine], max_queue: int):
+        self.engines = engines
+        first = engines[0]
+        self.translator, self.default, self.max_tokens = first.translator, first.default, first.max_tokens
+        self.parameters = first.parameters
+        self.max_queue = max_queue
+        self.lock = threading.Lock()
+        self.owners: dict[int, RemoteEngine] = {}  # id(job) -> its engine, while it may be cancelled
+
+    def config(self, **options) -> SearchConfig:
+        return self.engines[0].config(**options)
+
+    def submit(self, lines: list[str], cfg: SearchConfig, on_finish: Callable[[Job], None]) -> Job:
+        sources = self.translator.encode(lines, 1)
+        todo = sum(1 for s in sources if s)
+        with self.lock:
+            live = [e for e in self.engines if not e.dead]
+            if not live:
+                raise Stopping(self.engines[0].dead)
+            queued = sum(e.queued for e in self.engines)
+            if todo and queued + todo > self.max_queue:
+                rate = sum(e._rate for e in self.engines) or 1.0
+                raise QueueFull(max(1, min(60, math.ceil(queued / rate))))
+            engine = min(live, key=lambda e: e.queued)
+
+            def finished(job: Job) -> None:
+                with self.lock:
+                    self.owners.pop(id(job), None)
+                on_finish(job)
+
+            job = engine.submit_ids(sources, cfg, finished)
+            self.owners[id(job)] = engine
+        return job
+
+    def cancel(self, job: Job) -> None:
+        with self.lock:
+            engine = self.owners.pop(id(job), None)
+        if engine is not None:
+            engine.cancel(job)
+
+    def stats(self) -> dict:
+        total: dict = {"engine_processes": len(self.engines)}
+        for engine in self.engines:
+            for name, value in engine.stats().items():
+                total[name] = total.get(name, 0) + value
+        total["sentences_per_second"] = round(total.get("sentences_per_second", 0.0), 2)
+        return total
+
+    def close(self, wait: bool = True, timeout: float | None = None) -> None:
+        for engine in self.engines:
+            engine.close(wait=False)
+        if wait:
+            for engine in self.engines:
+                engine.close(wait=True, timeout=timeout)
