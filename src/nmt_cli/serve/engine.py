@@ -40,6 +40,29 @@ JOIN_WAIT_S = 0.03  # or once the oldest has waited this long (fewer, larger bat
 FIELDS = dataclasses.fields(SearchConfig)  # a search's key: its settings' values, in order
 
 
+class Throughput:
+    """Sentences answered, and per second, smoothed over windows of at least a second (/info; Retry-After)."""
+
+    def __init__(self):
+        self.done = 0
+        self.rate = 0.0
+        self._mark = (time.monotonic(), 0)
+
+    def add(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        then, before = self._mark
+        if now - then >= 1.0:
+            rate = (self.done - before) / (now - then)
+            self.rate = rate if not self.rate else 0.5 * self.rate + 0.5 * rate
+            self._mark = (now, self.done)
+
+
+def retry_after(queued: int, rate: float) -> int:
+    """Seconds until `queued` sentences are done at `rate` a second (1 to 60), for Retry-After."""
+    return max(1, min(60, math.ceil(queued / (rate or 1.0))))
+
+
 class QueueFull(Exception):
     """The queue has no room for the request's sentences; `retry_after` seconds is an estimate of when it will."""
 
@@ -104,12 +127,10 @@ class Engine:
         self.cancellations = 0  # jobs given up (the feed looks for their sentences when this changes)
         self.arrivals = count()
         self.jobs = count()
-        self.done_sentences = 0
+        self.answered = Throughput()
         self.dropped = 0  # sentences given up (their request timed out or failed)
         self.batches = 0  # batches handed to the search (fewer than sentences: requests shared them)
         self.started_at = time.monotonic()
-        self._rate = 0.0  # finished sentences per second, smoothed (for Retry-After)
-        self._rate_mark = (time.monotonic(), 0)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -153,7 +174,7 @@ class Engine:
             if self.closing:
                 raise Stopping("the server is stopping")
             if todo and self.queued + len(todo) > self.max_queue:
-                raise QueueFull(self._retry_after())
+                raise QueueFull(retry_after(self.queued, self.answered.rate))
             job.remaining = len(todo)
             if todo:
                 group = self.groups.get(key)
@@ -175,10 +196,6 @@ class Engine:
             job.cancel()
             self.cancellations += 1
 
-    def _retry_after(self) -> int:
-        rate = self._rate or 1.0
-        return max(1, min(60, math.ceil(self.queued / rate)))
-
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Take no new work; the worker finishes what was accepted, then ends."""
         with self.cond:
@@ -189,9 +206,9 @@ class Engine:
 
     def stats(self) -> dict:
         with self.cond:
-            return {"queued": self.queued, "translated": self.done_sentences, "dropped": self.dropped,
+            return {"queued": self.queued, "translated": self.answered.done, "dropped": self.dropped,
                     "batches": self.batches, "search_groups": len(self.groups),
-                    "sentences_per_second": round(self._rate, 2)}
+                    "sentences_per_second": round(self.answered.rate, 2)}
 
     # ------------------------------------------------------------------ the worker
 
@@ -227,13 +244,7 @@ class Engine:
         if dropped:
             self.dropped += n
             return
-        self.done_sentences += n
-        now = time.monotonic()
-        then, before = self._rate_mark
-        if now - then >= 1.0:
-            rate = (self.done_sentences - before) / (now - then)
-            self._rate = rate if not self._rate else 0.5 * self._rate + 0.5 * rate
-            self._rate_mark = (now, self.done_sentences)
+        self.answered.add(n)
 
 
 class _Feed:

@@ -21,18 +21,16 @@ from __future__ import annotations
 import dataclasses
 import gc
 import itertools
-import math
 import multiprocessing
 import queue
 import signal
 import threading
-import time
 from collections.abc import Callable
 
 from nmt_cli import allocator
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.engine import Job, QueueFull, Stopping
+from nmt_cli.serve.engine import Job, QueueFull, Stopping, Throughput, retry_after
 from nmt_cli.translate import Translator
 
 READY_TIMEOUT_S = 600  # loading a large model from a slow disk
@@ -150,12 +148,11 @@ class RemoteEngine:
         self.jobs: dict[int, tuple[Job, int]] = {}  # number -> (job, its sentences counted in the queue)
         self.numbers = itertools.count()
         self.queued = 0
-        self.done_sentences = 0
+        self.answered = Throughput()
         self.closing = False
         self.dead: str | None = None  # why the engine process is gone
         self.replies: queue.Queue = queue.Queue()  # stats answers
         self.closed = threading.Event()
-        self._rate, self._rate_mark = 0.0, (time.monotonic(), 0)
         self.reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
         self.reader.start()
 
@@ -174,7 +171,7 @@ class RemoteEngine:
             if self.closing or self.dead:
                 raise Stopping("the server is stopping" if self.closing else self.dead)
             if todo and self.queued + todo > self.max_queue:
-                raise QueueFull(self._retry_after())
+                raise QueueFull(retry_after(self.queued, self.answered.rate))
             number = next(self.numbers)
             self.jobs[number] = (job, todo)
             self.queued += todo
@@ -193,8 +190,8 @@ class RemoteEngine:
 
     def stats(self) -> dict:
         with self.lock:
-            front = {"queued": self.queued, "translated": self.done_sentences,
-                     "sentences_per_second": round(self._rate, 2)}
+            front = {"queued": self.queued, "translated": self.answered.done,
+                     "sentences_per_second": round(self.answered.rate, 2)}
         if self.dead:
             return front
         self._send(("stats",))
@@ -238,7 +235,8 @@ class RemoteEngine:
                     if entry is None:  # cancelled
                         continue
                     job, todo = entry
-                    self._finished(todo)
+                    self.queued -= todo
+                    self.answered.add(todo)
                 if results is not None:
                     job.results = results
                 job.error = error
@@ -262,19 +260,6 @@ class RemoteEngine:
             job.on_finish(job)
         self.closed.set()
 
-    def _finished(self, n: int) -> None:
-        """(holding the lock) n sentences answered."""
-        self.queued -= n
-        self.done_sentences += n
-        now = time.monotonic()
-        then, before = self._rate_mark
-        if now - then >= 1.0:
-            rate = (self.done_sentences - before) / (now - then)
-            self._rate = rate if not self._rate else 0.5 * self._rate + 0.5 * rate
-            self._rate_mark = (now, self.done_sentences)
-
-    def _retry_after(self) -> int:
-        return max(1, min(60, math.ceil(self.queued / (self._rate or 1.0))))
 
 
 class EnginePool:
@@ -303,8 +288,7 @@ class EnginePool:
                 raise Stopping(self.engines[0].dead)
             queued = sum(e.queued for e in self.engines)
             if todo and queued + todo > self.max_queue:
-                rate = sum(e._rate for e in self.engines) or 1.0
-                raise QueueFull(max(1, min(60, math.ceil(queued / rate))))
+                raise QueueFull(retry_after(queued, sum(e.answered.rate for e in self.engines)))
             engine = min(live, key=lambda e: e.queued)
 
             def finished(job: Job) -> None:
