@@ -100,3 +100,31 @@ def test_fp16_logits_keep_a_float32_gradient_until_it_is_scaled():
     rel = (a.grad.float() - b.grad).abs() / b.grad.abs().clamp_min(floor)
     assert rel.max().item() < 2e-3 and rel.median().item() < 3e-4
     assert not ((a.grad == 0) & (b.grad.abs() > floor)).any()
+
+
+def test_out_of_memory_in_the_fused_loss_is_raised_and_keeps_it(monkeypatch):
+    """A CUDA out-of-memory error inside the compiled loss (a batch too large: the --max-tokens auto probe tries
+    some) reaches the caller, and the fused loss stays in use: only a compiler failure switches to the eager loss
+    (on an H200 the probe's first out-of-memory try turned it off for the whole run, 2026-11-26)."""
+    calls = []
+
+    def too_large(*args):
+        calls.append(args)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 188.00 MiB.")
+
+    monkeypatch.setattr(loss_mod, "_compiled", {"fn": too_large, "failed": False})
+    x, target, keep = torch.randn(6, 10), torch.randint(1, 10, (6,)), torch.ones(6, dtype=torch.bool)
+    with pytest.raises(torch.OutOfMemoryError):
+        loss_mod._fused_loss(x, target, keep, 0.1, torch.float32)
+    assert loss_mod._compiled == {"fn": too_large, "failed": False} and len(calls) == 1
+
+    def broken(*args):
+        raise RuntimeError("no C compiler")
+
+    monkeypatch.setattr(loss_mod, "_compiled", {"fn": broken, "failed": False})
+    with pytest.warns(UserWarning, match="could not be compiled"):
+        loss, nll, grad = loss_mod._fused_loss(x, target, keep, 0.1, torch.float32)
+    assert loss_mod._compiled["failed"] and grad.shape == x.shape  # the eager loss answered instead
+    ref_loss, ref_nll = reference(x, target, 0.1)
+    torch.testing.assert_close(loss, ref_loss)
+    torch.testing.assert_close(nll, ref_nll)

@@ -19,6 +19,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from nmt_cli.memory import is_out_of_memory
+
 _CHUNK_ELEMENTS = 1 << 22  # CPU: ~4M elements a chunk (16 MiB of float32): few ops, bounded memory
 _CUDA_CHUNK_ELEMENTS = 1 << 30  # GPU (fused): rows per call kept under 2^30 elements (32-bit indexing)
 
@@ -85,6 +87,11 @@ def _fused_loss(x: Tensor, target: Tensor, keep: Tensor, epsilon: float, grad_dt
                 _compiled["fn"] = torch.compile(_fused_rows, dynamic=True)
             return _compiled["fn"](x, target, keep, epsilon, grad_dtype)
         except Exception as exc:  # noqa: BLE001 - no compiler toolchain, an unsupported GPU, ...
+            if is_out_of_memory(exc) or is_out_of_memory(exc.__cause__):
+                # a batch too large for the GPU, not a compiler that fails: the caller decides (the probe of
+                # --max-tokens auto answers "does not fit"; training says which option to lower). Falling back
+                # here would slow every later update and leave the probe measuring two different losses.
+                raise
             _compiled["failed"] = True
             warnings.warn(f"the fused CUDA loss could not be compiled ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); using the slower eager loss",
