@@ -104,11 +104,14 @@ def test_cache_grows_past_its_initial_capacity(static):
     assert cache.segments[0].capacity >= 40 and (not static or cache.segments[0].capacity == 64)
 
 
-@pytest.mark.parametrize("static", [False, True])
-def test_beams_share_encoder_keys_and_equal_full_forward(static):
+@pytest.mark.parametrize("static,spare", [(False, False), (True, False), (True, True)])
+def test_beams_share_encoder_keys_and_equal_full_forward(static, spare, monkeypatch):
     """repeat_beams keeps one cross-attention k/v per sentence (beams folded into the queries), with the same
     results as giving every row its own copy; beam moves and dropped sentences stay exact. A static cache's beam
-    moves alternate between two buffers (same two addresses)."""
+    moves keep its buffer (in place), or with SPARE_REORDER alternate between two buffers (same two addresses)."""
+    from nmt_cli.decoding import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "SPARE_REORDER", spare)
     model = tiny_model()
     src, tgt = batch(b=3, t=6)
     src[1, 4:] = 0
@@ -127,8 +130,11 @@ def test_beams_share_encoder_keys_and_equal_full_forward(static):
     address = seg.kv[0].data_ptr()
     beams_only = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentences
     cache.reorder(beams_only)
-    assert seg.kv[0].data_ptr() != address
-    if static:  # the buffer gathered from is the next reorder's
+    if static and not spare:  # gathered and copied back: the same buffer
+        assert seg.kv[0].data_ptr() == address
+    else:
+        assert seg.kv[0].data_ptr() != address
+    if static and spare:  # the buffer gathered from is the next reorder's
         assert seg.spare[0].data_ptr() == address
     hist = tgt_rows[beams_only]
     step = model.step(hist[:, 3], cache)

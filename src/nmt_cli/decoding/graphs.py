@@ -12,8 +12,8 @@ What makes a step replayable:
     generator) run eagerly (`graphable`).
   - The steps read and write the same memory: the tensors the search would replace (`state.tokens = ...`,
     finalize's `torch.where`) are copied back into the ones the step began with, and the static cache's beam
-    reorder gathers into its spare buffers, which the host then swaps in (`after_step`), so beam search alternates
-    between two sets of buffers and two graphs. A graph is keyed by the address, shape and strides of every tensor
+    reorder gathers in place (or, with cache.SPARE_REORDER, into its spare buffers, which the host then swaps in:
+    `after_step`, beam search alternating between two sets of buffers and two graphs). A graph is keyed by the address, shape and strides of every tensor
     of the state and the cache (`step_key`) and by the search's settings, and replayed only where all of them are
     the same; a new key (the capacity grew to its next bucket, sentences left or joined) records a new graph, from
     its first step.
