@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# What a GPU session runs for issue 30, in one device call of ~9 minutes (docs/results.md, GPU). Prepare here first:
+# What a GPU session runs for issue 30, in one device call of ~9 minutes (docs/results.md, GPU): the CUDA tests,
+# decoding against CTranslate2, and (since gpu_check.sh passed on 2026-11-26) the real Multi30k run of a base-sized
+# model with early stopping; GPU_CHECK=1 runs bench/gpu_check.sh instead of it. Prepare here first:
 #   echo /.whl/ >> .git/info/exclude; echo /.carry/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
-# then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh (7 logs in $OUT, the device's limit is 8 files)
+# then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh (8 files in $OUT, the device's limit)
 # Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
 # The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first) needs calls of its own:
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --compile-too \
@@ -29,7 +31,8 @@ timeout 60 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_cuda.py 
 XDIST=$(.venv/bin/python -c "import xdist" 2>/dev/null && echo "-n 4")  # pytest-xdist where the image has it
 timeout 120 .venv/bin/python -m pytest -q $XDIST -p no:cacheprovider tests/test_cuda.py -rfEs --tb=short \
   > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$? at ${SECONDS}s"; tail -8 "$OUT/cuda_tests.log"
-# 2. decoding with and without graphs in one process (base shape, fp16), then against CTranslate2 on base and big
+# 2. decoding: graphs (beam reorders in place, the default) against spare buffers and no graphs, in one process,
+#    then against CTranslate2 on base and big (fp16-graph and fp16: graphs on and off, --no-cuda-graphs)
 timeout 60 .venv/bin/python bench/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
 echo "graph A/B rc=$? at ${SECONDS}s"; tail -9 "$OUT/graph_ab.log"
 for section in base big; do
@@ -38,11 +41,20 @@ for section in base big; do
     > "$OUT/translate_$section.log" 2>&1; echo "translate bench ($section) rc=$? at ${SECONDS}s"
   grep -E "^(base|big)|^  (nmt|CTranslate2|identical)|error" "$OUT/translate_$section.log" | head -20
 done
-# 3. the command line on one GPU (train bf16/fp16, translate fp32/bf16/fp16 against the CPU)
-left=$((560 - SECONDS))
-if [ $left -gt 60 ]; then
+# 3. the command line on one GPU: a real run (issue 30, point 5: Multi30k, base-sized model, at most 10 minutes,
+#    early stopping on validation, averaging, test BLEU), or GPU_CHECK=1: gpu_check.sh (train bf16/fp16, translate
+#    fp32/bf16/fp16 against the CPU; passed on 2026-11-26)
+left=$((570 - SECONDS))
+if [ "${GPU_CHECK:-0}" = 1 ] && [ $left -gt 60 ]; then
   CHECK_DIR=runs/gpu_check timeout $left bash bench/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
   echo "gpu_check rc=$? at ${SECONDS}s"; grep -E "^==|BLEU" "$OUT/gpu_check.log" | head -16
+elif [ $left -gt 150 ]; then
+  MODEL="--d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.3" MINUTES=10 PRECISION=bf16 WARMUP=1000 \
+    LR=0.0005 MAX_TOKENS=8192 SAVE_MIN=0.25 AVG=5 TRAIN_EXTRA="--patience 10" TRANSLATE_PRECISIONS=bf16 \
+    MODELS="checkpoint_best averaged" RUN_DIR=runs/multi30k_gpu timeout $left bash bench/multi30k.sh \
+    > "$OUT/multi30k.log" 2>&1
+  echo "multi30k rc=$? at ${SECONDS}s"; grep -E "^==|^done|\.de +[0-9]" "$OUT/multi30k.log" | head -20
+  cp runs/multi30k_gpu/run/metrics.jsonl "$OUT/multi30k_metrics.jsonl" 2>/dev/null
 else
-  echo "gpu_check skipped: ${left}s left (run it in a call of its own)"
+  echo "step 3 skipped: ${left}s left (run it in a call of its own)"
 fi

@@ -4,7 +4,8 @@
 #   checkpoints -> translate valid and test (beam 4, length penalty 0.6) -> sacreBLEU with signature.
 # Usage: bash bench/multi30k.sh   (env: SHARED, RUN_DIR, MINUTES, PRECISION, WARMUP, LR, MAX_TOKENS, AVG, SAVE_MIN,
 #        MODEL (model options; default the small d_model 256 model), TRANSLATE_PRECISIONS,
-#        STEPS (a fixed number of updates instead of MINUTES: the same model on a busy or slow machine))
+#        STEPS (a fixed number of updates instead of MINUTES: the same model on a busy or slow machine),
+#        TRAIN_EXTRA (more `nmt train` options, e.g. "--patience 10"), MODELS (the checkpoints translated))
 # On a GPU, a base-sized model:
 #   MODEL="--d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.3" MINUTES=10 TRANSLATE_PRECISIONS="bf16 fp32" \
 #   bash bench/multi30k.sh
@@ -23,6 +24,8 @@ AVG=${AVG:-5}
 SAVE_MIN=${SAVE_MIN:-0.5}
 MODEL=${MODEL:---d-model 256 --d-ff 1024 --heads 4 --layers 3 --dropout 0.1}
 TRANSLATE_PRECISIONS=${TRANSLATE_PRECISIONS:-fp32 bf16}
+TRAIN_EXTRA=${TRAIN_EXTRA:-}
+MODELS=${MODELS:-checkpoint_last averaged}
 STEPS=${STEPS:-}
 if [ -n "$STEPS" ]; then
   STOP="--max-steps $STEPS"; SAVE="--save-every $((STEPS / 10))"; MINUTES="(fixed $STEPS updates)"
@@ -43,10 +46,10 @@ rm -rf "$OUT/run"
 $NMT train "$OUT/data" -o "$OUT/run" --preset base $MODEL \
   --label-smoothing 0.1 --warmup "$WARMUP" --lr "$LR" --max-tokens "$MAX_TOKENS" --update-freq 1 \
   $STOP --precision "$PRECISION" $SAVE --keep-last "$AVG" \
-  --average-last "$AVG" --valid-every 200 --no-resume
+  --average-last "$AVG" --valid-every 200 --no-resume $TRAIN_EXTRA
 
 for split in valid test; do
-  for model in checkpoint_last averaged; do
+  for model in $MODELS; do
     for prec in $TRANSLATE_PRECISIONS; do
       start=$(date +%s.%N)
       $NMT translate -m "$OUT/run/$model.pt" --beam 4 --lenpen 0.6 --precision $prec \
