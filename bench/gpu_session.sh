@@ -35,11 +35,13 @@ timeout 120 .venv/bin/python -m pytest -q $XDIST -p no:cacheprovider tests/test_
 #    then against CTranslate2 on base and big (fp16-graph and fp16: graphs on and off, --no-cuda-graphs)
 timeout 60 .venv/bin/python bench/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
 echo "graph A/B rc=$? at ${SECONDS}s"; tail -9 "$OUT/graph_ab.log"
+#    (base also profiled with graphs: the GPU's busy share and its top kernels, where the gap to CTranslate2 is)
 for section in base big; do
-  timeout 150 .venv/bin/python bench/translate.py --device cuda --sections $section \
+  PROFILE=$([ $section = base ] && echo --profile)
+  timeout 150 .venv/bin/python bench/translate.py --device cuda --sections $section $PROFILE \
     --nmt fp16-graph,fp16,bf16-graph,fp32-graph --ct2 float16,float32 --repeat 1 --ct2-site /tmp/ct2site \
     > "$OUT/translate_$section.log" 2>&1; echo "translate bench ($section) rc=$? at ${SECONDS}s"
-  grep -E "^(base|big)|^  (nmt|CTranslate2|identical)|error" "$OUT/translate_$section.log" | head -20
+  grep -E "^(base|big)|^  (nmt|CTranslate2|identical)|^profile|error" "$OUT/translate_$section.log" | head -20
 done
 # 3. the command line on one GPU: a real run (issue 30, point 5: Multi30k, base-sized model, at most 10 minutes,
 #    early stopping on validation, averaging, test BLEU), or GPU_CHECK=1: gpu_check.sh (train bf16/fp16, translate
