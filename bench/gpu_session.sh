@@ -51,12 +51,23 @@ if [ "${GPU_CHECK:-0}" = 1 ] && [ $left -gt 60 ]; then
   CHECK_DIR=runs/gpu_check timeout $left bash bench/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
   echo "gpu_check rc=$? at ${SECONDS}s"; grep -E "^==|BLEU" "$OUT/gpu_check.log" | head -16
 elif [ $left -gt 150 ]; then
-  MODEL="--d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.3" MINUTES=10 PRECISION=bf16 WARMUP=1000 \
+  # at most 10 minutes, fewer where the call's time would not hold prepare, averaging and translation (~110 s)
+  MIN=$(python3 -c "print(f'{min(10, max(1, ($left - 110) / 60)):.1f}')")
+  MODEL="--d-model 512 --d-ff 2048 --heads 8 --layers 6 --dropout 0.3" MINUTES=$MIN PRECISION=bf16 WARMUP=1000 \
     LR=0.0005 MAX_TOKENS=8192 SAVE_MIN=0.25 AVG=5 TRAIN_EXTRA="--patience 10" TRANSLATE_PRECISIONS=bf16 \
     MODELS="checkpoint_best averaged" RUN_DIR=runs/multi30k_gpu timeout $left bash bench/multi30k.sh \
     > "$OUT/multi30k.log" 2>&1
   echo "multi30k rc=$? at ${SECONDS}s"; grep -E "^==|^done|\.de +[0-9]" "$OUT/multi30k.log" | head -20
   cp runs/multi30k_gpu/run/metrics.jsonl "$OUT/multi30k_metrics.jsonl" 2>/dev/null
+  # CUDA graphs (the default on a GPU since 2026-11-26) against --no-cuda-graphs on real, variable-length outputs
+  M=runs/multi30k_gpu/run/averaged.pt
+  for round in 1 2; do for flag in --cuda-graphs --no-cuda-graphs; do
+    [ -f $M ] && [ $SECONDS -lt 575 ] || continue
+    start=$(date +%s.%N)
+    .venv/bin/nmt translate -m $M --precision fp16 $flag < runs/multi30k_gpu/data/raw/test.en > /tmp/out$flag.de
+    echo "round $round: nmt translate fp16 $flag, 1000 test lines: $(python3 -c "import time; print(f'{time.time() - $start:.2f}')") s wall, process included"
+  done; done 2>&1 | tee -a "$OUT/multi30k.log"
+  [ -f /tmp/out--cuda-graphs.de ] && echo "identical lines: $(paste -d '\t' /tmp/out--cuda-graphs.de /tmp/out--no-cuda-graphs.de | awk -F'\t' '$1==$2' | wc -l)/1000" | tee -a "$OUT/multi30k.log"
 else
   echo "step 3 skipped: ${left}s left (run it in a call of its own)"
 fi
