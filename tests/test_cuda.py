@@ -188,18 +188,19 @@ def test_beam_search_on_cuda_equals_cpu_in_fp32(no_tf32):
             assert x.score == pytest.approx(y.score, abs=1e-4)
 
 
-@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("graphs", [False, True, None])  # None: the default, graphs on a GPU
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_translate_on_cuda_agrees_with_cpu(tmp_path, toy_tokenizer_bytes, precision, graphs, no_tf32):
     """Same checkpoint, same search: fp32 on the GPU gives the CPU's output; bf16/fp16 nearly all of it; with and
-    without CUDA graphs (--cuda-graphs)."""
+    without CUDA graphs (--no-cuda-graphs), which are on by default."""
     path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1)
     lines = [p[0] for p in toy_pairs(60, seed=11)]
     config = TranslateConfig(search=SearchConfig(beam=4, max_len_a=1.0, max_len_b=6))
     cpu = Translator(load_checkpoints([path]), "cpu", "fp32", config).translate(lines)
     on_gpu = Translator(load_checkpoints([path]), "cuda", precision, dataclasses.replace(config, cuda_graphs=graphs))
     gpu = on_gpu.translate(lines)
-    assert (on_gpu.graphs is not None and on_gpu.graphs.replayed > 0 and on_gpu.graphs.broken is None) == graphs
+    assert (on_gpu.graphs is not None and on_gpu.graphs.replayed > 0 and on_gpu.graphs.broken is None) == (
+        graphs is not False)
     same = sum(a[0][1] == b[0][1] for a, b in zip(cpu, gpu, strict=True))
     assert same >= (len(lines) if precision == "fp32" else 0.8 * len(lines)), f"{same}/{len(lines)} identical"
     if precision == "fp32":
@@ -207,12 +208,13 @@ def test_translate_on_cuda_agrees_with_cpu(tmp_path, toy_tokenizer_bytes, precis
             assert a[0][0] == pytest.approx(b[0][0], abs=1e-4)
 
 
-def test_translate_cli_on_cuda(tmp_path, toy_tokenizer_bytes):
+@pytest.mark.parametrize("flags", [[], ["--no-cuda-graphs"]])
+def test_translate_cli_on_cuda(tmp_path, toy_tokenizer_bytes, flags):
     path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1)
     text = "".join(p[0] + "\n" for p in toy_pairs(20, seed=5))
     r = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(path), "--device", "cuda",
-                        "--precision", "fp16", "--max-len-b", "5"], input=text, capture_output=True, text=True,
-                       timeout=120)
+                        "--precision", "fp16", "--max-len-b", "5", *flags], input=text, capture_output=True,
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.count("\n") == 20
 

@@ -233,7 +233,7 @@ def test_max_tokens_defaults_by_device_and_is_validated(ckpt_path):
 
 def test_cuda_graphs_on_a_cpu_is_a_note_and_changes_nothing(ckpt_path):
     """--cuda-graphs replays a GPU's decoding steps: on a CPU it says it has no effect, and the output is the
-    same."""
+    same; the default (graphs on a GPU only) and --no-cuda-graphs say nothing."""
     text = "".join(line + "\n" for line in lines(8)).encode()
     base = [sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(ckpt_path), "--device", "cpu", "--beam", "2",
             "--max-len-b", "4"]
@@ -242,3 +242,5 @@ def test_cuda_graphs_on_a_cpu_is_a_note_and_changes_nothing(ckpt_path):
     assert plain.returncode == graphs.returncode == 0, graphs.stderr.decode()
     assert graphs.stdout == plain.stdout and plain.stdout.count(b"\n") == 8
     assert b"--cuda-graphs has no effect" in graphs.stderr and b"cuda-graphs" not in plain.stderr
+    off = subprocess.run([*base, "--no-cuda-graphs"], input=text, capture_output=True)
+    assert off.returncode == 0 and off.stdout == plain.stdout and b"cuda-graphs" not in off.stderr
