@@ -1,7 +1,8 @@
 """nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
 beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs twice: beam
 reorders in place (the default) and into spare buffers (decoding/cache.py's SPARE_REORDER; on an H200 on
-2026-11-26 in place ran 1.10-1.18x as fast, which made it the default).
+2026-11-26 in place ran 1.10-1.18x as fast, which made it the default); graphs with the attention through SDPA
+(model.SDPA_DECODING: one kernel instead of five, not yet measured).
 
     python bench/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
     python bench/graph_ab.py --device cpu --precision fp32 --lines 40 --rounds 1   # the script itself, on CPU
@@ -19,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from nmt_cli import model as model_module  # noqa: E402
 from nmt_cli.config import ModelConfig  # noqa: E402
 from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
 from nmt_cli.decoding import cache as cache_module  # noqa: E402
@@ -60,8 +62,10 @@ def main() -> None:
     cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=33)
     graphs = StepGraphs(device)
     spare = StepGraphs(device)
+    sdpa = StepGraphs(device)
     modes = {"graphs": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=graphs),
              "graphs, spare": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=spare),
+             "graphs, sdpa": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=sdpa),
              "static": dict(static=True, check_every=GPU_CHECK_EVERY),
              "exact (before)": dict()}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
@@ -73,6 +77,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name, options in modes.items():
             cache_module.SPARE_REORDER = name == "graphs, spare"  # beam reorders: spare buffers or in place
+            model_module.SDPA_DECODING = name == "graphs, sdpa"  # attention: one SDPA call or five operations
             sync()
             start = time.perf_counter()
             found = decode_batches(model, batches, cfg, **options)
@@ -80,10 +85,10 @@ def main() -> None:
             outputs[name] = [h[0].tokens for batch in found for h in batch]
             s = time.perf_counter() - start
             print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
-    cache_module.SPARE_REORDER = default
-    for name, g in (("graphs", graphs), ("graphs, spare", spare)):
+    cache_module.SPARE_REORDER, model_module.SDPA_DECODING = default, False
+    for name, g in (("graphs", graphs), ("graphs, spare", spare), ("graphs, sdpa", sdpa)):
         print(f"  {name}: {g.recorded} recorded, {g.replayed} replayed, {g.eager} eager, broken: {g.broken}")
-    for other in ("graphs, spare", "static", "exact (before)"):
+    for other in ("graphs, spare", "graphs, sdpa", "static", "exact (before)"):
         same = sum(a == b for a, b in zip(outputs["graphs"], outputs[other], strict=True))
         print(f"  best hypotheses identical, graphs vs {other}: {same}/{len(lengths)}")
 

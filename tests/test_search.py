@@ -491,6 +491,26 @@ def test_a_search_through_the_compiled_static_step_equals_the_eager_one(beam):
     assert 1 <= graphs <= 24, graphs
 
 
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("beam", [1, 4])
+def test_attention_through_sdpa_gives_the_same_search(beam, static, monkeypatch):
+    """model.SDPA_DECODING (decoding's attention as one scaled_dot_product_attention call, for GPUs to measure):
+    the same hypotheses and, to rounding, the same scores as the five-operation attention, with beams folded into
+    cross-attention's queries, joined batches, and the static layout's masked columns."""
+    from nmt_cli import model as model_module
+
+    model = tiny(seed=21)
+    src, mask, _ = mixed_batch(16, seed=22)
+    cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=10)
+    batches = [(src[:8], mask[:8]), (src[8:], mask[8:])]
+    plain = decode_batches(model, batches, cfg, static=static)
+    monkeypatch.setattr(model_module, "SDPA_DECODING", True)
+    sdpa = decode_batches(model, batches, cfg, static=static)
+    for a, b in zip(sum(plain, []), sum(sdpa, []), strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
 @pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(beam=4, stop="top")])
 def test_a_live_feed_gives_what_the_batches_give(options, monkeypatch):
     """A server's live feed (decode_batches(feed=, on_done=)): batches that arrive while a search runs join it at

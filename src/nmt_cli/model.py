@@ -50,6 +50,12 @@ def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor
     return scores.softmax(dim=-1)
 
 
+# Decoding's attention through F.scaled_dot_product_attention (one fused kernel on a GPU, the mask included)
+# instead of five (product, scale, mask, softmax, product): a step of a 6-layer model launches 48 kernels fewer.
+# Off until a GPU has measured it (bench/graph_ab.py times both); on CPU it is slower (see `attend`).
+SDPA_DECODING = False
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """The attention of decoding: softmax(q k^T / sqrt(K) + mask) v on batches flattened to 3-D (batch x heads),
     q [B, Tq, K], k/v [B, S, K] (any strides with a unit last dimension: the cache's slices are used in place), pad
@@ -58,7 +64,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None, out: Tens
     scaled_dot_product_attention's CPU kernels are built for long queries: for Tq ~ 1 the flash kernel spends a
     third of decoding time in per-block overhead and the math kernel copies q, k and v to float32 first; and the
     CPU's bf16 batched products over strided cache slices are 2-3x slower than float32 ones (measured on a 2-core
-    AVX512-BF16 CPU)."""
+    AVX512-BF16 CPU). With SDPA_DECODING it goes through SDPA all the same (4-D, as its fused kernels want)."""
+    if SDPA_DECODING:
+        mask = None if pad is None else ~pad.unsqueeze(0)  # [1, B or 1, Tq or 1, S], True = attend
+        res = F.scaled_dot_product_attention(q.to(k.dtype).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                             attn_mask=mask).squeeze(0)
+        if out is not None:
+            return out.copy_(res)
+        return res if res.dtype == q.dtype else res.to(q.dtype)
     weights = attention_weights(q, k, pad)
     if out is not None and out.dtype == v.dtype and not torch.is_grad_enabled():
         return torch.bmm(weights, v, out=out)
