@@ -234,6 +234,9 @@ def test_out_of_memory_errors_become_one_line_naming_the_option():
     assert isinstance(caught.value.__cause__, torch.cuda.OutOfMemoryError)
     assert is_out_of_memory(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 GB"))
     assert is_out_of_memory(MemoryError())
+    wrapped = RuntimeError("compiled code failed")  # as torch.compile reports an error inside compiled code
+    wrapped.__cause__ = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 188.00 MiB.")
+    assert is_out_of_memory(wrapped) and not is_out_of_memory(caught.value)  # (the one line, not taken again)
     for other in (RuntimeError("shape mismatch"), ValueError("x")):
         with pytest.raises(type(other)):
             with out_of_memory_advice(lambda: "never"):

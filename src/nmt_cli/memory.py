@@ -32,11 +32,19 @@ class OutOfMemory(DeviceError):
     """The device ran out of memory; the message names the option to lower."""
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA's out-of-memory error, Python's MemoryError, or the CPU allocator's refusal (a RuntimeError)."""
-    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
-        return True
-    return isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc)
+def is_out_of_memory(exc: BaseException | None) -> bool:
+    """CUDA's out-of-memory error, Python's MemoryError, or the CPU allocator's refusal (a RuntimeError), also as
+    the cause of another error (torch.compile wraps what fails inside compiled code). An OutOfMemory already says
+    what to lower: it is not taken again."""
+    for _ in range(4):
+        if exc is None or isinstance(exc, OutOfMemory):
+            return False
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        if isinstance(exc, RuntimeError) and "can't allocate memory" in str(exc):
+            return True
+        exc = exc.__cause__
+    return False
 
 
 @contextlib.contextmanager

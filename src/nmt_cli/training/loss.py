@@ -87,7 +87,7 @@ def _fused_loss(x: Tensor, target: Tensor, keep: Tensor, epsilon: float, grad_dt
                 _compiled["fn"] = torch.compile(_fused_rows, dynamic=True)
             return _compiled["fn"](x, target, keep, epsilon, grad_dtype)
         except Exception as exc:  # noqa: BLE001 - no compiler toolchain, an unsupported GPU, ...
-            if is_out_of_memory(exc) or is_out_of_memory(exc.__cause__):
+            if is_out_of_memory(exc):
                 # a batch too large for the GPU, not a compiler that fails: the caller decides (the probe of
                 # --max-tokens auto answers "does not fit"; training says which option to lower). Falling back
                 # here would slow every later update and leave the probe measuring two different losses.
