@@ -244,3 +244,43 @@ def test_cuda_graphs_on_a_cpu_is_a_note_and_changes_nothing(ckpt_path):
     assert b"--cuda-graphs has no effect" in graphs.stderr and b"cuda-graphs" not in plain.stderr
     off = subprocess.run([*base, "--no-cuda-graphs"], input=text, capture_output=True)
     assert off.returncode == 0 and off.stdout == plain.stdout and b"cuda-graphs" not in off.stderr
+
+
+@pytest.mark.parametrize("options", [
+    dict(search=SearchConfig(beam=4, nbest=3, max_len_a=1.0, max_len_b=6), token_scores=True, alignment="words",
+         scores=True),
+    dict(search=SearchConfig(beam=1, max_len_a=1.0, max_len_b=6)),
+    dict(search=SearchConfig(beam=4, stop="top", lp="fairseq", min_len=2, max_len_a=1.0, max_len_b=6)),
+    dict(search=SearchConfig(beam=4, no_repeat_ngram=2, max_len_a=1.0, max_len_b=6)),
+    dict(search=SearchConfig(beam=1, sampling=True, seed=5, nbest=2, max_len_a=1.0, max_len_b=6)),
+])
+def test_translator_with_step_graphs_gives_what_it_gives_without(ckpt_path, options):
+    """CUDA graphs are a GPU's default: the Translator's whole path through them (static caches, host checks every
+    few steps, the steps through StepGraphs, run eagerly on a CPU) gives the same translations, scores, token
+    scores and alignments as that path without graphs, for every search option, prefixes included; and, but for
+    sampling (whose draws depend on which rows a step holds), as the default path."""
+    from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
+
+    inputs = lines(24)
+    prefixes = ["" if i % 3 else "a" for i in range(len(inputs))]
+    plain = translator(ckpt_path, workers=1, **options)
+    static = translator(ckpt_path, workers=1, **options)
+    static.decode_options = lambda: dict(static=True, check_every=GPU_CHECK_EVERY)
+    graphed = translator(ckpt_path, workers=1, **options)
+    graphed.graphs = StepGraphs("cpu")
+    assert graphed.decode_options()["graphs"] is graphed.graphs
+    search = options["search"]
+    references = [static] if search.sampling else [static, plain]
+    for kwargs in (dict(), dict(prefixes=prefixes)):
+        got = graphed.translate(inputs, **kwargs)
+        for reference in references:
+            for a, b in zip(reference.translate(inputs, **kwargs), got, strict=True):
+                assert [t.text for t in a] == [t.text for t in b]
+                assert [t.score for t in a] == pytest.approx([t.score for t in b], abs=1e-5)
+                assert [t.alignment for t in a] == [t.alignment for t in b]
+                for x, y in zip(a, b, strict=True):
+                    assert (x.token_scores is None) == (y.token_scores is None)
+                    if x.token_scores is not None:
+                        assert x.token_scores == pytest.approx(y.token_scores, abs=1e-5)
+    graphable = not (search.sampling or search.no_repeat_ngram)  # those steps the host decides: never graphed
+    assert (graphed.graphs.recorded >= 1) == graphable and graphed.graphs.broken is None
