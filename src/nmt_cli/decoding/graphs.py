@@ -182,7 +182,7 @@ def step_body(model, cache, state, cfg: SearchConfig, search) -> Callable[[int |
         before = {name: v for name, v in vars(state).items() if isinstance(v, Tensor)}
         logits = model.static_step(state.column(t), cache)
         cache.advance(host=False)
-        lprobs = F.log_softmax(logits.float(), dim=-1)
+        lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (no float32 copy of half logits first)
         constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, None)
         chosen = search.select(state, t, lprobs)
         rows = search.advance(state, t, chosen, None)
