@@ -9,6 +9,10 @@
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
 # then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh (8 files in $OUT, the device's limit)
 # Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
+# With the machine still warm after it (~5 device minutes left), a second call: where a big update's time goes
+# (eager, bf16: top kernels; 45.2% MFU on 2026-11-26, the goal is 50%), ~2 minutes:
+#   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --gpu-max-tokens 25000 \
+#     --seconds 8 --window 4 --profile big 2>&1 | tee $OUT/train_profile.log
 # The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first) needs calls of its own:
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --compile-too \
 #     --gpu-max-tokens 25000 --seconds 16 --window 8 [--compile-shapes dynamic: one compilation, no bucket padding]
