@@ -159,8 +159,8 @@ def translate_fits(model, search, max_source: int, max_sentences: int, device: t
                    static: bool = False) -> Callable[[int], bool]:
     """A `fits(tokens)` for translation: the search `search` (its beam, sampling and length limits) over synthetic
     batches of `translate_shapes`, every output forced to its maximum length (no end of sentence before it), with
-    batches one after the other (no joining), in the cache layout decoding will use (`static`: CUDA graphs' buckets
-    and spare buffers, more memory than the exact layout). The model's vocabulary size is read from its config."""
+    batches one after the other (no joining), in the cache layout decoding will use (`static`: CUDA graphs' capacity
+    buckets, more memory than the exact layout). The model's vocabulary size is read from its config."""
     from nmt_cli.decoding import decode_batches
 
     forced = dataclasses.replace(search, min_len=10**9, nbest=1)

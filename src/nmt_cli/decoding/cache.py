@@ -185,9 +185,8 @@ class Segment:
                 for new, old in zip(grown, self.kv, strict=True):
                     new[..., : self.length, :] = old[..., : self.length, :]
             self.kv = grown
-        if (SPARE_REORDER and self.static and self.beams > 1
-                and (self.spare is None or self.spare[0].shape != self.kv[0].shape)):
-            self.spare = [torch.empty_like(kv) for kv in self.kv]  # (a reorder writes every position of it)
+        if SPARE_REORDER and self.static and self.beams > 1:
+            self._spare_buffers()  # made here, outside a graph's recording
 
     def _layout(self, rows: int, capacity: int) -> list[Tensor]:
         """Per layer a [2, rows, H, capacity, K] buffer: static, a new zeroed one (masked positions must hold no
@@ -209,6 +208,12 @@ class Segment:
             self._full.append(flat[spare][:need].view(shape))
         return [full.narrow(1, 0, rows) for full in self._full]
 
+    def _spare_buffers(self) -> list[Tensor]:
+        """The buffers a beam reorder gathers into (SPARE_REORDER), made to the cache's shape when it has none."""
+        if self.spare is None or self.spare[0].shape != self.kv[0].shape:
+            self.spare = [torch.empty_like(kv) for kv in self.kv]  # (a reorder writes every position of them)
+        return self.spare
+
     def swap(self) -> None:
         """The spare buffers (a beam reorder's gather, `reorder(..., swap=False)`) become the cache."""
         self.kv, self.spare = self.spare, self.kv
@@ -224,9 +229,9 @@ class Segment:
     def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None,
                 swap: bool = True) -> None:
         """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences, `kept`
-        the same on the host. Merged rows: the columns no kept row reads any more are dropped. `swap` False (a
-        static layout's beam reorder in a CUDA graph): the rows are gathered into `spare`, and `swap()` makes it the
-        cache afterwards."""
+        the same on the host. Merged rows: the columns no kept row reads any more are dropped. `swap` False (with
+        SPARE_REORDER, a static layout's beam reorder in a CUDA graph): the rows are gathered into `spare`, and
+        `swap()` makes it the cache afterwards."""
         drop = 0
         if sentences is not None:
             self._keep_cross(sentences, kept)
@@ -238,14 +243,12 @@ class Segment:
                 self._row_start = None
         if self.kv is None:
             return
-        if self.static and rows.numel() == self.kv[0].size(1) and not drop and not SPARE_REORDER:
-            for kv in self.kv:  # in place: the buffers keep their addresses
-                kv.copy_(kv.index_select(1, rows))
-            return
-        if self.static and rows.numel() == self.kv[0].size(1) and not drop:  # into the spare buffers: the
-            if self.spare is None or self.spare[0].shape != self.kv[0].shape:  # addresses alternate between two
-                self.spare = [torch.empty_like(kv) for kv in self.kv]
-            for kv, out in zip(self.kv, self.spare, strict=True):
+        if self.static and rows.numel() == self.kv[0].size(1) and not drop:  # as many rows: beams moved
+            if not SPARE_REORDER:
+                for kv in self.kv:  # in place: the buffers keep their addresses
+                    kv.copy_(kv.index_select(1, rows))
+                return
+            for kv, out in zip(self.kv, self._spare_buffers(), strict=True):  # addresses alternate between two
                 if kv.requires_grad:  # (decoding outside no_grad; autograd does not support out=)
                     out.copy_(kv.index_select(1, rows))
                 else:

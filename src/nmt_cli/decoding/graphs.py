@@ -13,10 +13,10 @@ What makes a step replayable:
   - The steps read and write the same memory: the tensors the search would replace (`state.tokens = ...`,
     finalize's `torch.where`) are copied back into the ones the step began with, and the static cache's beam
     reorder gathers in place (or, with cache.SPARE_REORDER, into its spare buffers, which the host then swaps in:
-    `after_step`, beam search alternating between two sets of buffers and two graphs). A graph is keyed by the address, shape and strides of every tensor
-    of the state and the cache (`step_key`) and by the search's settings, and replayed only where all of them are
-    the same; a new key (the capacity grew to its next bucket, sentences left or joined) records a new graph, from
-    its first step.
+    `after_step`, beam search alternating between two sets of buffers and two graphs). A graph is keyed by the
+    address, shape and strides of every tensor of the state and the cache (`step_key`) and by the search's
+    settings, and replayed only where all of them are the same; a new key (the capacity grew to its next bucket,
+    sentences left or joined) records a new graph, from its first step.
   - Sentences leave only at the scheduler's host checks (every GPU_CHECK_EVERY steps), after the step: the graph
     always advances every row, and the scheduler then drops the finished sentences (scheduler.py).
 
@@ -175,8 +175,8 @@ def _signature(x: Tensor) -> tuple:
 def step_body(model, cache, state, cfg: SearchConfig, search) -> Callable[[int | Tensor], None]:
     """The whole step as a function of t: the model's static step (the cache's device positions move on; the
     host's `length` is the caller's), log-softmax, constraints, select, advance (no sentence leaves) and the
-    cache's reorder into its spare buffers; the state's tensors it replaced are copied back into the ones it began
-    with. What the host does after it, replayed or not: `after_step`."""
+    cache's beam reorder; the state's tensors it replaced are copied back into the ones it began with. What the
+    host does after it, replayed or not: `after_step`."""
 
     def body(t: int | Tensor) -> None:
         before = {name: v for name, v in vars(state).items() if isinstance(v, Tensor)}
@@ -186,7 +186,7 @@ def step_body(model, cache, state, cfg: SearchConfig, search) -> Callable[[int |
         constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, None)
         chosen = search.select(state, t, lprobs)
         rows = search.advance(state, t, chosen, None)
-        if rows is not None:  # beam search: gathered into the spare buffers; the caller swaps (`after_step`)
+        if rows is not None:  # beam search (into the spare buffers with SPARE_REORDER: `after_step` swaps)
             cache.reorder(rows, None, swap=False)
         for name, old in before.items():
             new = getattr(state, name)

@@ -18,7 +18,6 @@ If it dies, the requests it held fail (500) and later ones are refused (503).
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import itertools
 import multiprocessing
@@ -30,7 +29,7 @@ from collections.abc import Callable
 from nmt_cli import allocator
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import NmtError
-from nmt_cli.serve.engine import Job, QueueFull, Stopping, Throughput, retry_after
+from nmt_cli.serve.engine import Engine, Job, QueueFull, Stopping, Throughput, retry_after
 from nmt_cli.translate import Translator
 
 READY_TIMEOUT_S = 600  # loading a large model from a slow disk
@@ -45,7 +44,6 @@ def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from nmt_cli import translate as core
-    from nmt_cli.serve.engine import Engine
 
     try:
         core.set_threads(spec["threads"])
@@ -56,8 +54,7 @@ def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
     except Exception as exc:  # reported to the HTTP process, which fails to start with it
         conn.send(("error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
         return
-    conn.send(("ready", {"max_tokens": engine.max_tokens,
-                         "parameters": sum(p.numel() for p in translator.model.parameters())}))
+    conn.send(("ready", {"max_tokens": engine.max_tokens, "parameters": engine.parameters}))
     send_lock, jobs_lock = threading.Lock(), threading.Lock()
     jobs: dict[int, Job] = {}  # the running requests, for cancel
     early: set[int] = set()  # requests finished before `submit_ids` returned (no line to decode, or fast)
@@ -158,11 +155,8 @@ class RemoteEngine:
 
     # ------------------------------------------------------------------ the Engine interface
 
-    def config(self, **options) -> SearchConfig:
-        return dataclasses.replace(self.default, **options).validate() if options else self.default
-
-    def submit(self, lines: list[str], cfg: SearchConfig, on_finish: Callable[[Job], None]) -> Job:
-        return self.submit_ids(self.translator.encode(lines, 1), cfg, on_finish)
+    config = Engine.config  # the default search with a request's options over it
+    submit = Engine.submit  # tokenized here, then `submit_ids`
 
     def submit_ids(self, sources: list[list[int]], cfg: SearchConfig, on_finish: Callable[[Job], None]) -> Job:
         todo = sum(1 for s in sources if s)
@@ -259,7 +253,6 @@ class RemoteEngine:
             job.error = self.dead
             job.on_finish(job)
         self.closed.set()
-
 
 
 class EnginePool:
