@@ -12,7 +12,7 @@ import torch
 from nmt_cli.decoding import streams
 from nmt_cli.errors import ConfigError
 from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateConfig
+from nmt_cli.translate import TranslateConfig, length_batches, stream_batches
 from test_translate import ckpt_path, lines, translator  # noqa: F401 (ckpt_path: a fixture)
 
 
@@ -55,6 +55,29 @@ def test_streams_translate_as_one_stream_on_threads_of_their_own(ckpt_path, seen
         assert torch.get_num_threads() == 2  # and given back
         seen.clear()
     assert all(ts[0].text.startswith(p) for ts, p in zip(one, prefixes, strict=True))
+
+
+def test_streams_get_equal_work_of_every_length():
+    """Sentences are dealt to the streams by length before batching: each stream's source tokens are within one
+    sentence of the others', where dealing out whole batches left one stream a batch more (the last, short one)."""
+    gen = torch.Generator().manual_seed(0)
+    sources = [[5] * int(n) for n in torch.randint(0, 40, (500,), generator=gen)]  # some empty
+    for n_streams, max_tokens, max_sentences in ((2, 400, 1000), (3, 300, 1000), (2, 2000, 16)):
+        batches, owner = stream_batches(sources, max_tokens, max_sentences, n_streams)
+        assert sorted(i for b in batches for i in b) == [i for i, s in enumerate(sources) if s]  # each once
+        assert all(len(b) * max(len(sources[i]) for i in b) <= max_tokens and len(b) <= max_sentences
+                   for b in batches)
+        work = [sum(len(sources[i]) for b, o in zip(batches, owner, strict=True) if o == k for i in b)
+                for k in range(n_streams)]
+        assert max(work) - min(work) <= 39, work
+        for k in range(n_streams):  # each stream's batches longest first
+            widths = [max(len(sources[i]) for i in b) for b, o in zip(batches, owner, strict=True) if o == k]
+            assert widths == sorted(widths, reverse=True)
+        dealt_batches = list(length_batches(sources, max_tokens, max_sentences))  # the old way, for contrast
+        old = [sum(len(sources[i]) for b in dealt_batches[k::n_streams] for i in b) for k in range(n_streams)]
+        assert max(old) - min(old) > max(work) - min(work)
+    assert stream_batches(sources, 400, 1000, 1) == (list(length_batches(sources, 400, 1000)),
+                                                      [0] * len(list(length_batches(sources, 400, 1000))))
 
 
 def test_a_failing_stream_fails_the_call_and_threads_are_restored(ckpt_path, monkeypatch, torch_threads):  # noqa: F811

@@ -191,6 +191,27 @@ def length_batches(sources: list[list[int]], max_tokens: int, max_sentences: int
         yield batch
 
 
+def stream_batches(sources: list[list[int]], max_tokens: int, max_sentences: int, streams: int,
+                   ) -> tuple[list[list[int]], list[int]]:
+    """`length_batches` for `streams` decoding streams -> the batches and the stream of each. The non-empty
+    sources, longest first, are dealt to the streams in turn (the k-th longest to stream k mod streams) and each
+    stream's share is batched on its own: every stream gets about as many tokens of every length, so the streams end
+    together. (Dealing out the batches instead left the last, short one to one stream: on the Multi30k test set 9
+    batches, 7874 source tokens against 7308, the other core idle for the difference.) It depends only on the input,
+    never on timing."""
+    if streams <= 1:
+        batches = list(length_batches(sources, max_tokens, max_sentences))
+        return batches, [0] * len(batches)
+    order = sorted((i for i, s in enumerate(sources) if s), key=lambda i: -len(sources[i]))
+    batches, owner = [], []
+    for k in range(streams):
+        share = {i: sources[i] for i in order[k::streams]}
+        mine = list(length_batches([share.get(i, []) for i in range(len(sources))], max_tokens, max_sentences))
+        batches += mine
+        owner += [k] * len(mine)
+    return batches, owner
+
+
 class Translator:
     """A model (or ensemble) with its tokenizer: translates lists of raw lines. The Python API (`from nmt_cli import
     Translator`; docs/api.md) and `nmt translate` both build it with `Translator.load`."""
@@ -302,9 +323,10 @@ class Translator:
             return {}
         return dict(static=True, check_every=GPU_CHECK_EVERY, graphs=self.graphs)
 
-    def batches(self, sources: list[list[int]]) -> Iterator[list[int]]:
-        """Indices of non-empty sources, longest first, in batches of <= max_tokens padded tokens."""
-        return length_batches(sources, self.config.max_tokens, self.config.max_sentences)
+    def batches(self, sources: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+        """Indices of non-empty sources, longest first, in batches of <= max_tokens padded tokens, and the decoding
+        stream of each (`stream_batches`)."""
+        return stream_batches(sources, self.config.max_tokens, self.config.max_sentences, self.streams())
 
     def _tensor(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Right-padded ids [B, S] and padding mask [B, S] (True at padding)."""
@@ -334,11 +356,11 @@ class Translator:
         one empty hypothesis (its prefix, when one is given)."""
         results: list[list[Hypothesis]] = [[Hypothesis(list(prefixes[i]) if prefixes else [], 0.0, 0.0)]
                                            for i in range(len(sources))]
-        batches = list(self.batches(sources))
+        batches, owner = self.batches(sources)
         with out_of_memory_advice(self._out_of_memory):
             per_batch = decode_streams(self.model, [self._tensor([sources[i] for i in b]) for b in batches],
                                        self.config.search, [[prefixes[i] for i in b] for b in batches] if prefixes else
-                                       None, self.streams(), JOIN_BELOW if self.config.join_batches else 0.0,
+                                       None, owner, JOIN_BELOW if self.config.join_batches else 0.0,
                                        self.generator, **self.decode_options())
         for batch, found in zip(batches, per_batch, strict=True):
             for i, hyps in zip(batch, found, strict=True):

@@ -7,9 +7,10 @@ one thread each keep both cores busy instead: measured on a 2-core AMD EPYC (Mul
 streams x 1 thread translated 1.03-1.10x as fast as 1 stream x 2 threads (docs/results.md). PyTorch's operations
 release the GIL, so the streams overlap all but their Python.
 
-Batches go to the streams in turn (batch i to stream i mod W; they come longest first, so the streams get about
-equal work), and each stream runs `decode_batches` over its own, continuous batching included. The assignment
-depends only on the input, never on timing, so the same input gives the same output every run. A stream's rows
+The caller says which stream decodes each batch (translate.stream_batches deals the sentences out by length, so
+that the streams get equal work and end together), and each stream runs `decode_batches` over its own, continuous
+batching included. The assignment depends only on the input, never on timing, so the same input gives the same
+output every run. A stream's rows
 share steps with other batches than with one stream, which changes scores in their last digits (float sums over
 other padded lengths), as any change of batching does; on 1000 Multi30k lines the texts were the same.
 """
@@ -25,28 +26,29 @@ from nmt_cli.decoding.config import Hypothesis, SearchConfig
 from nmt_cli.decoding.scheduler import Batch, Stopped, decode_batches
 
 
-def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None, streams: int,
-                   join_below: float, generator: torch.Generator | None = None, **options,
+def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None,
+                   owner: Sequence[int], join_below: float, generator: torch.Generator | None = None, **options,
                    ) -> list[list[list[Hypothesis]]]:
-    """`decode_batches` over `batches` by `streams` threads -> per batch, per sentence, its hypotheses (as
-    decode_batches). While they run, each stream has torch.get_num_threads() // streams intra-op threads (at least
-    one); the count is restored afterwards. `streams` 1 is decode_batches itself. Sampling's draws would depend on
-    which stream draws first: give it one stream (the caller's job; ValueError otherwise). `options` go to
-    decode_batches (one stream only: a GPU's static caches and CUDA graphs)."""
-    if streams <= 1 or len(batches) < 2:
+    """`decode_batches` over `batches`, batch i by stream `owner[i]` (0, 1, ...; each its own thread) -> per batch,
+    per sentence, its hypotheses (as decode_batches). While they run, each stream has torch.get_num_threads() //
+    streams intra-op threads (at least one); the count is restored afterwards. One stream is decode_batches itself.
+    Sampling's draws would depend on which stream draws first: give it one stream (the caller's job; ValueError
+    otherwise). `options` go to decode_batches (one stream only: a GPU's static caches and CUDA graphs)."""
+    owners = sorted(set(owner))
+    if len(owners) <= 1:
         return decode_batches(model, batches, cfg, prefixes, generator, join_below, **options)
     if options:
         raise ValueError(f"decoding options {sorted(options)} need one stream")
     if cfg.sampling:
         raise ValueError("sampling draws from one generator: decode it as one stream")
-    streams = min(streams, len(batches))
+    streams = len(owners)
     results: list[list[list[Hypothesis]] | None] = [None] * len(batches)
     errors: list[BaseException] = []
     stop = threading.Event()  # the caller was interrupted (Ctrl-C) or a stream failed: the others end too
     ended = [threading.Event() for _ in range(streams)]
 
     def run(k: int) -> None:
-        mine = range(k, len(batches), streams)
+        mine = [i for i, o in enumerate(owner) if o == owners[k]]
         try:
             found = decode_batches(model, (batches[i] for i in mine), cfg,
                                    (prefixes[i] for i in mine) if prefixes is not None else None,
