@@ -134,11 +134,12 @@ def test_length_penalty_changes_the_winner_exactly_at_the_formula_crossover(form
 
 def test_stop_top_ends_a_sentence_when_its_best_candidate_ends():
     # GARDEN_PATH, beam 2: at step 2 the best candidate is [B] EOS (0.36): "top" stops there, "beam" goes on to
-    # finish a second hypothesis ([A, A] at step 3) and computes more decoder rows.
+    # finish a second hypothesis ([A, A] at step 3) and computes more decoder rows (with a length penalty; without
+    # one "beam" stops there too: the next test).
     runs = {}
     for stop in ("beam", "top"):
         model = ScriptedModel(GARDEN_PATH)
-        hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.0, stop=stop))[0]
+        hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.5, stop=stop))[0]
         runs[stop] = (hyps[0].tokens, model.calls)
     assert runs["beam"][0] == runs["top"][0] == [B]
     # Decoder rows: the first step decodes one row per sentence, later steps 2 (the beams): 2 vs 3 steps.
@@ -149,6 +150,41 @@ def test_stop_top_ends_a_sentence_when_its_best_candidate_ends():
     full = beam_search(model, *_src(20), SearchConfig(beam=2, alpha=3.0, stop="beam"))[0][0]
     early = beam_search(model, *_src(20), SearchConfig(beam=2, alpha=3.0, stop="top"))[0][0]
     assert (full.tokens, early.tokens) == ([B, B, B], [A])
+
+
+def test_without_a_length_penalty_the_best_hypothesis_is_final_when_it_leads():
+    """alpha 0, one hypothesis: scores only fall as hypotheses grow, so once a step's best candidate has ended no
+    later one can beat it, and the default rule stops there (as "top" does) instead of finishing `beam`."""
+    calls = {}
+    for nbest in (1, 2):
+        model = ScriptedModel(GARDEN_PATH)
+        hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.0, nbest=nbest))[0]
+        calls[nbest] = (hyps[0].tokens, model.calls)
+    assert calls[1] == ([B], 1 + 2) and calls[2] == ([B], 1 + 2 + 2)  # two hypotheses: the second is found later
+    # On a random tiny model, many sentences: the same best hypothesis (tokens and score) as the full rule gives,
+    # in fewer decoder rows. (EOS's output bias makes sentences end at many lengths, not only at the maximum.)
+    torch.manual_seed(11)
+    model = Transformer(preset("tiny", vocab_size=VOCAB, d_model=32, d_ff=64, n_heads=4, dropout=0.0,
+                               output_bias=True)).eval()
+    model.output_bias[EOS_ID] = 3.0
+    src, mask, _ = mixed_batch(40, seed=12)
+    rows = {}
+    real_step = model.step
+
+    def counting(tokens, cache):
+        rows[nbest] = rows.get(nbest, 0) + tokens.numel()
+        return real_step(tokens, cache)
+
+    model.step = counting
+    found = {}
+    for nbest in (1, 4):
+        found[nbest] = search(model, src, mask, SearchConfig(beam=4, alpha=0.0, nbest=nbest, max_len_a=1.0,
+                                                             max_len_b=10))
+    assert len({len(hyps[0].tokens) for hyps in found[1]}) > 3
+    for one, full in zip(found[1], found[4], strict=True):
+        assert one[0].tokens == full[0].tokens
+        assert one[0].score == pytest.approx(full[0].score, abs=1e-5)
+    assert rows[1] < rows[4]
 
 
 def test_stop_top_waits_for_nbest_hypotheses():

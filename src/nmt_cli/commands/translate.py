@@ -77,8 +77,9 @@ OPTIONS = {
         ),
     "stop": lambda: typer.Option(
         Stop(defaults.STOP), "--stop", rich_help_panel=_SEARCH,
-        help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq, CTranslate2); top: once "
-        "the best-ranked candidate has ended (OpenNMT-py; fewer steps).",
+        help="When a sentence's search ends: beam: once BEAM hypotheses have ended (fairseq, CTranslate2), and with "
+        "--lenpen 0 and --nbest 1 once the best-ranked candidate has (the same output, sooner); top: once the "
+        "best-ranked candidate has ended (OpenNMT-py; fewer steps).",
         ),
     "max_len_a": lambda: typer.Option(defaults.MAX_LEN_A, "--max-len-a", min=0.0, metavar="A", rich_help_panel=_SEARCH,
         help="Max output tokens = A * source tokens + B."),

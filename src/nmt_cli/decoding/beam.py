@@ -4,7 +4,8 @@ Every step picks the 2K best (beam, token) candidates per sentence over K x V, r
 first K as finished hypotheses (into the state's buffers, at most K per sentence), and continues with the K best
 others. A sentence is done when it holds K finished hypotheses or reaches its maximum length (where EOS is forced);
 with `stop="top"` also once a step's best candidate was EOS and `nbest` hypotheses have finished (the rule of
-OpenNMT-py, and of CTranslate2 without a length penalty). Done sentences stay in place until the scheduler's next
+OpenNMT-py, and of CTranslate2 without a length penalty), and so without a length penalty for the best hypothesis
+alone, where it changes nothing but the steps taken (`SearchConfig.stops_at_top`). Done sentences stay in place until the scheduler's next
 host check, where they leave; nothing they do after `done` is recorded.
 """
 
@@ -103,7 +104,8 @@ def finalize(state: SearchState, t: int | Tensor, scores: Tensor, beams: Tensor,
     sentence's count plus its rank among them, and each slot takes the candidate aimed at it (if any)."""
     k = state.per
     eos = (tokens[:, :k] == EOS_ID) & torch.isfinite(scores[:, :k]) & ~state.done.unsqueeze(1)  # [N, K]
-    if cfg.stop == "top":
+    top = cfg.stops_at_top()
+    if top:
         state.top_ended |= eos[:, 0]
     slot = state.count.unsqueeze(1) + eos.long().cumsum(1) - 1  # [N, K] the slot each EOS candidate would fill
     accept = eos & (slot < k)
@@ -119,6 +121,6 @@ def finalize(state: SearchState, t: int | Tensor, scores: Tensor, beams: Tensor,
     state.fin_len = torch.where(written, state.own_len(t), state.fin_len)
     state.count += accept.sum(1)
     done = state.done | (state.count >= k) | (state.max_len <= t + 1)
-    if cfg.stop == "top":
+    if top:
         done |= state.top_ended & (state.count >= cfg.nbest)
     state.done = done

@@ -37,6 +37,15 @@ class SearchConfig:
     temperature: float = 1.0  # sampling: divide the logits by it
     seed: int | None = None  # sampling: random seed (same seed, input and batching: same samples)
 
+    def stops_at_top(self) -> bool:
+        """Whether a sentence is also done once a step's best-ranked candidate has ended (and `nbest` have):
+        `stop="top"`, and the default rule without a length penalty (`alpha` 0) for the best hypothesis alone
+        (`nbest` 1), where stopping there gives the same output, only sooner. Scores are then sums of
+        log-probabilities: every candidate a step continues with ranks below the one that ended, and adding
+        log-probabilities (<= 0) only lowers it, so nothing found later can beat the best ended so far; the
+        rule of `beam` would only collect worse ones. (CTranslate2 exits early under the same condition.)"""
+        return self.stop == "top" or (self.alpha == 0 and self.nbest == 1 and not self.sampling)
+
     def validate(self) -> SearchConfig:
         if self.beam < 1:
             raise ConfigError(f"beam size must be at least 1, got {self.beam}")
