@@ -5,8 +5,8 @@ first K as finished hypotheses (into the state's buffers, at most K per sentence
 others. A sentence is done when it holds K finished hypotheses or reaches its maximum length (where EOS is forced);
 with `stop="top"` also once a step's best candidate was EOS and `nbest` hypotheses have finished (the rule of
 OpenNMT-py, and of CTranslate2 without a length penalty), and so without a length penalty for the best hypothesis
-alone, where it changes nothing but the steps taken (`SearchConfig.stops_at_top`). Done sentences stay in place until the scheduler's next
-host check, where they leave; nothing they do after `done` is recorded.
+alone, where it changes nothing but the steps taken (`SearchConfig.stops_at_top`). Done sentences stay in place
+until the scheduler's next host check, where they leave; nothing they do after `done` is recorded.
 """
 
 from __future__ import annotations

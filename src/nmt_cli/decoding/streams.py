@@ -10,9 +10,9 @@ release the GIL, so the streams overlap all but their Python.
 The caller says which stream decodes each batch (translate.stream_batches deals the sentences out by length, so
 that the streams get equal work and end together), and each stream runs `decode_batches` over its own, continuous
 batching included. The assignment depends only on the input, never on timing, so the same input gives the same
-output every run. A stream's rows
-share steps with other batches than with one stream, which changes scores in their last digits (float sums over
-other padded lengths), as any change of batching does; on 1000 Multi30k lines the texts were the same.
+output every run. A stream's rows share steps with other batches than with one stream, which changes scores in
+their last digits (float sums over other padded lengths), as any change of batching does; on 1000 Multi30k lines
+the texts were the same.
 """
 
 from __future__ import annotations
