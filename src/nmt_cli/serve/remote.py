@@ -269,11 +269,10 @@ class EnginePool:
         self.lock = threading.Lock()
         self.owners: dict[int, RemoteEngine] = {}  # id(job) -> its engine, while it may be cancelled
 
-    def config(self, **options) -> SearchConfig:
-        return self.engines[0].config(**options)
+    config = Engine.config
+    submit = Engine.submit  # tokenized here, then `submit_ids`
 
-    def submit(self, lines: list[str], cfg: SearchConfig, on_finish: Callable[[Job], None]) -> Job:
-        sources = self.translator.encode(lines, 1)
+    def submit_ids(self, sources: list[list[int]], cfg: SearchConfig, on_finish: Callable[[Job], None]) -> Job:
         todo = sum(1 for s in sources if s)
         with self.lock:
             live = [e for e in self.engines if not e.dead]
