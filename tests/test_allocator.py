@@ -22,11 +22,11 @@ def _applied_in_a_fresh_process(env: dict) -> list[str]:
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's mallopt")
-def test_all_three_settings_are_made_unless_the_environment_gives_one(monkeypatch):
+def test_all_settings_are_made_unless_the_environment_gives_one(monkeypatch):
     for _, name, _ in allocator.SETTINGS:
         monkeypatch.delenv(name, raising=False)
     assert _applied_in_a_fresh_process({}) == [name for _, name, _ in allocator.SETTINGS]
-    assert _applied_in_a_fresh_process({"MALLOC_TOP_PAD_": "0"}) == ["MALLOC_MMAP_THRESHOLD_",
+    assert _applied_in_a_fresh_process({"MALLOC_TOP_PAD_": "0"}) == ["MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_",
                                                                      "MALLOC_TRIM_THRESHOLD_"]
 
 
