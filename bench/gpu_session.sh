@@ -35,7 +35,7 @@ timeout 60 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_cuda.py 
 XDIST=$(.venv/bin/python -c "import xdist" 2>/dev/null && echo "-n 4")  # pytest-xdist where the image has it
 timeout 120 .venv/bin/python -m pytest -q $XDIST -p no:cacheprovider tests/test_cuda.py -rfEs --tb=short \
   > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$? at ${SECONDS}s"; tail -8 "$OUT/cuda_tests.log"
-# 2. decoding: graphs (beam reorders in place, the default) against spare buffers and no graphs, in one process,
+# 2. decoding: graphs (the default) against graphs with SDPA's attention and no graphs, in one process,
 #    then against CTranslate2 on base and big (fp16-graph and fp16: graphs on and off, --no-cuda-graphs)
 timeout 60 .venv/bin/python bench/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
 echo "graph A/B rc=$? at ${SECONDS}s"; tail -9 "$OUT/graph_ab.log"

@@ -1,8 +1,8 @@
 """nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
-beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs twice: beam
-reorders in place (the default) and into spare buffers (decoding/cache.py's SPARE_REORDER; on an H200 on
-2026-11-26 in place ran 1.10-1.18x as fast, which made it the default); graphs with the attention through SDPA
-(model.SDPA_DECODING: one kernel instead of five, not yet measured).
+beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs twice: the
+attention as five operations (the default) and through SDPA (model.SDPA_DECODING: one kernel instead of five, not
+yet measured). (Until 2026-11-26 beam reorders gathered the cache, in place or into spare buffers; they now move a
+slot table, decoding/cache.py: run this script on both commits to compare.)
 
     python bench/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
     python bench/graph_ab.py --device cpu --precision fp32 --lines 40 --rounds 1   # the script itself, on CPU
@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from nmt_cli import model as model_module  # noqa: E402
 from nmt_cli.config import ModelConfig  # noqa: E402
 from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
-from nmt_cli.decoding import cache as cache_module  # noqa: E402
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs  # noqa: E402
 from nmt_cli.model import Transformer, avoid_cudnn_attention  # noqa: E402
 
@@ -61,22 +60,18 @@ def main() -> None:
         i += n
     cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=33)
     graphs = StepGraphs(device)
-    spare = StepGraphs(device)
     sdpa = StepGraphs(device)
     modes = {"graphs": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=graphs),
-             "graphs, spare": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=spare),
              "graphs, sdpa": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=sdpa),
              "static": dict(static=True, check_every=GPU_CHECK_EVERY),
              "exact (before)": dict()}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
     print(f"{name}, torch {torch.__version__}, {args.precision}, {len(lengths)} sentences, "
           f"{len(batches)} batches")
-    default = cache_module.SPARE_REORDER
     decode_batches(model, batches[:2], cfg, **modes["graphs"])  # warm-up
     outputs = {}
     for r in range(args.rounds):
         for name, options in modes.items():
-            cache_module.SPARE_REORDER = name == "graphs, spare"  # beam reorders: spare buffers or in place
             model_module.SDPA_DECODING = name == "graphs, sdpa"  # attention: one SDPA call or five operations
             sync()
             start = time.perf_counter()
@@ -85,10 +80,10 @@ def main() -> None:
             outputs[name] = [h[0].tokens for batch in found for h in batch]
             s = time.perf_counter() - start
             print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
-    cache_module.SPARE_REORDER, model_module.SDPA_DECODING = default, False
-    for name, g in (("graphs", graphs), ("graphs, spare", spare), ("graphs, sdpa", sdpa)):
+    model_module.SDPA_DECODING = False
+    for name, g in (("graphs", graphs), ("graphs, sdpa", sdpa)):
         print(f"  {name}: {g.recorded} recorded, {g.replayed} replayed, {g.eager} eager, broken: {g.broken}")
-    for other in ("graphs, spare", "graphs, sdpa", "static", "exact (before)"):
+    for other in ("graphs, sdpa", "static", "exact (before)"):
         same = sum(a == b for a, b in zip(outputs["graphs"], outputs[other], strict=True))
         print(f"  best hypotheses identical, graphs vs {other}: {same}/{len(lengths)}")
 

@@ -104,14 +104,11 @@ def test_cache_grows_past_its_initial_capacity(static):
     assert cache.segments[0].capacity >= 40 and (not static or cache.segments[0].capacity == 64)
 
 
-@pytest.mark.parametrize("static,spare", [(False, False), (True, False), (True, True)])
-def test_beams_share_encoder_keys_and_equal_full_forward(static, spare, monkeypatch):
+@pytest.mark.parametrize("static", [False, True])
+def test_beams_share_encoder_keys_and_equal_full_forward(static):
     """repeat_beams keeps one cross-attention k/v per sentence (beams folded into the queries), with the same
-    results as giving every row its own copy; beam moves and dropped sentences stay exact. A static cache's beam
-    moves keep its buffer (in place), or with SPARE_REORDER alternate between two buffers (same two addresses)."""
-    from nmt_cli.decoding import cache as cache_module
-
-    monkeypatch.setattr(cache_module, "SPARE_REORDER", spare)
+    results as giving every row its own copy; beam moves and dropped sentences stay exact. Beam moves move only the
+    slot table, not the keys and values (same buffer; static: the table too keeps its address)."""
     model = tiny_model()
     src, tgt = batch(b=3, t=6)
     src[1, 4:] = 0
@@ -127,15 +124,13 @@ def test_beams_share_encoder_keys_and_equal_full_forward(static, spare, monkeypa
     out = _steps(model, cache, tgt_rows[:, :3])
     torch.testing.assert_close(out, model(src[rows], tgt_rows[:, :3], mask[rows]), atol=1e-5, rtol=1e-5)
 
-    address = seg.kv[0].data_ptr()
+    filled = seg.kv[..., : seg.length, :, :]  # (the exact layout leaves the positions past them unset)
+    address, slots_address, kv = seg.kv.data_ptr(), seg.slots.data_ptr(), filled.clone()
     beams_only = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentences
     cache.reorder(beams_only)
-    if static and not spare:  # gathered and copied back: the same buffer
-        assert seg.kv[0].data_ptr() == address
-    else:
-        assert seg.kv[0].data_ptr() != address
-    if static and spare:  # the buffer gathered from is the next reorder's
-        assert seg.spare[0].data_ptr() == address
+    assert seg.kv.data_ptr() == address and torch.equal(filled, kv)
+    assert (seg.slots.data_ptr() == slots_address) == static
+    assert seg.slots[:, :3].tolist() == [[1] * 3, [1] * 3, [0] * 3, [1] * 3, [1] * 3, [0] * 3]
     hist = tgt_rows[beams_only]
     step = model.step(hist[:, 3], cache)
     torch.testing.assert_close(step, model(src[rows], hist[:, :4], mask[rows])[:, 3], atol=1e-5, rtol=1e-5)
@@ -199,10 +194,9 @@ def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody
 
 def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_the_room(monkeypatch):
     """When sentences leave, the kept ones past the kept count fill the holes (`order`) and nothing else of the
-    encoder-decoder keys and values moves (same buffer); a merged join writes into the room left (by the sentence
-    that left, then by a new buffer's spare room). The self-attention keys and values likewise: a merge that copies
-    the running rows leaves as many rows spare as it added, and the next join of that size writes into them. Every
-    step still equals the full forward pass. (Joins up to 5 positions apart: MERGE_GAP raised so that all merge.)"""
+    keys and values moves (same buffers); a merged join writes into the room left (by the sentence that left, then
+    by a new buffer's spare room), the self-attention's as the encoder-decoder's. Every step still equals the full
+    forward pass. (Joins up to 5 positions apart: MERGE_GAP raised so that all merge.)"""
     monkeypatch.setattr(cache_module, "MERGE_GAP", 8)
     model = tiny_model()
     src, tgt = batch(b=7, t=8)
@@ -222,19 +216,17 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
     rows, moved, kv_moved = keep, [], []
     for joining in (4, 5, 6):  # one sentence joins, merges (its first step inside the running segment), steps
         one = slice(joining, joining + 1)
-        kv_address = seg.kv[0].data_ptr()
+        kv_address = seg.kv.data_ptr()
         cache.join(encode_batch(model, src[one], mask[one]))
         cache.repeat_beams(1, newest=True)
         assert len(cache.segments) == 1
         moved.append(seg.cross.data_ptr() != address)
-        kv_moved.append(seg.kv[0].data_ptr() != kv_address)
+        kv_moved.append(seg.kv.data_ptr() != kv_address)
         address = seg.cross.data_ptr()
         rows = rows + [joining]
         out = model.step(torch.stack([tgt[r, seg.length - o] for r, o in zip(rows, seg.offsets, strict=True)]), cache)
     assert moved == [False, True, False]  # the leaver's slot; a new buffer with room; that room
-    assert kv_moved == [True, False, False]  # copied, one row left spare; that row; the spare row of the buffer the
-    # steps grew since
-    assert seg.spare_rows == 1
+    assert kv_moved == [False, True, False]  # likewise
     torch.testing.assert_close(out[-3], model(src[4:5], tgt[4:5, :3], mask[4:5])[0, 2], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[-1], model(src[6:7], tgt[6:7, :1], mask[6:7])[0, 0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[0], model(src[:1], tgt[:1, :6], mask[:1])[0, 5], atol=1e-5, rtol=1e-5)

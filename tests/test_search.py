@@ -329,6 +329,32 @@ def test_engine_equals_full_recompute(beam, stop, join):
         assert [h.score for h in c] == pytest.approx([h.score for h in f], abs=1e-4)
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_exact_cache_reads_no_position_it_did_not_write(beam, monkeypatch):
+    """The exact layout's buffers are left uninitialised (cache.py: `Segment._new`): filled with NaN instead, every
+    buffer made on the way (growth, beams repeated, joins merged, sentences leaving, columns dropped) gives the same
+    hypotheses and scores, so no step reads a position nobody wrote."""
+    monkeypatch.setattr(cache_module, "MERGE_GAP", 8)  # joins merge into the running segment
+    model = tiny(seed=2)
+    src, mask, _ = mixed_batch(12, seed=3)
+    cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=20)
+    batches = [(src[:6], mask[:6]), (src[6:9], mask[6:9]), (src[9:], mask[9:])]
+    clean = decode_batches(model, batches, cfg, join_below=1.0)
+    made = []
+    new = cache_module.Segment._new
+
+    def poisoned(self, shape):
+        made.append(shape)
+        return new(self, shape).fill_(float("nan"))
+
+    monkeypatch.setattr(cache_module.Segment, "_new", poisoned)
+    dirty = decode_batches(model, batches, cfg, join_below=1.0)
+    assert len(made) >= 3
+    for c, d in zip(sum(clean, []), sum(dirty, []), strict=True):
+        assert [h.tokens for h in c] == [h.tokens for h in d]
+        assert [h.score for h in c] == [h.score for h in d]
+
+
 def test_rows_are_padded_by_at_most_an_eighth_and_few_rows_not_at_all():
     from nmt_cli.model import padded_rows
 
@@ -671,18 +697,14 @@ def test_sampling_keeps_the_sentences_order_and_beam_search_takes_the_caches(mon
     assert asked  # sentences left the batch before the end, in the cache's order
 
 
-@pytest.mark.parametrize("spare", [True, False])  # beam reorders into spare buffers, or in place (cache.py)
 @pytest.mark.parametrize("check_every", [1, 4])
 @pytest.mark.parametrize("options", [dict(beam=4, nbest=4), dict(beam=1), dict(beam=4, stop="top"),
                                      dict(beam=4, nbest=2, min_len=3)])
-def test_the_graphed_step_gives_the_eager_outputs(options, check_every, spare, monkeypatch):
+def test_the_graphed_step_gives_the_eager_outputs(options, check_every):
     """The whole step that a GPU records as a CUDA graph (decoding/graphs.py), run on CPU as the recorded function
     (`replay=False`: the step number a tensor, the state's replaced tensors copied back into the ones it began
     with, finished sentences leaving after the step): the same hypotheses and scores as the static and exact
     layouts, batches joining; most steps are replays of a few recorded ones."""
-    from nmt_cli.decoding import cache as cache_module
-
-    monkeypatch.setattr(cache_module, "SPARE_REORDER", spare)
     model = tiny(seed=12)
     src, mask, _ = mixed_batch(16, seed=13)
     batches = [(src[:8], mask[:8]), (src[8:], mask[8:])]
@@ -698,17 +720,12 @@ def test_the_graphed_step_gives_the_eager_outputs(options, check_every, spare, m
     assert 1 <= graphs.recorded < graphs.replayed
 
 
-@pytest.mark.parametrize("spare", [False, True])
-def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest(spare, monkeypatch):
-    """After a step, the state holds the same tensors and the cache the same buffers (a beam reorder in place: one
-    graph replayed), or, with SPARE_REORDER, two sets of buffers alternating (a beam reorder gathers into the spare
-    ones: two graphs in turn); the steps the host decides (a forced prefix token, a row at its maximum length,
+def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
+    """After a step, the state holds the same tensors and the cache the same buffers (a beam reorder moves the slot
+    tables in place: one graph replayed); the steps the host decides (a forced prefix token, a row at its maximum length,
     sampling, n-gram bans) are not graphed, and their outputs stay what they are without graphs."""
-    from nmt_cli.decoding import cache as cache_module
     from nmt_cli.decoding.graphs import after_step, graphable, step_body, step_key
     from nmt_cli.decoding.scheduler import algorithm
-
-    monkeypatch.setattr(cache_module, "SPARE_REORDER", spare)
 
     model = tiny(seed=3)
     src, mask, _ = mixed_batch(4, seed=4)
@@ -725,11 +742,8 @@ def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest(spare,
         cache.make_room(model.config.max_positions)
         keys.append(step_key(state, cache, cfg, search))
         step_body(model, cache, state, cfg, search)(t)
-        after_step(cache, search)
-    if spare:
-        assert keys[0] == keys[2] != keys[1] == keys[3]
-    else:
-        assert keys[0] == keys[1] == keys[2] == keys[3]
+        after_step(cache)
+    assert keys[0] == keys[1] == keys[2] == keys[3]
     assert graphable(model, cache, state, cfg, 1)
     assert not graphable(model, cache, state, cfg, int(max_len.min()) - 1)  # EOS forced on a row
     for other in (dict(sampling=True, seed=1), dict(no_repeat_ngram=2)):

@@ -36,7 +36,8 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
 
 def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(K)) with padding masked: q [B, Tq, K], k [B, S, K] (unit last stride), pad bool [B, Tq,
-    S] or broadcastable, True = padding -> [B, Tq, S] in k's dtype. The scale is baddbmm's alpha on CPU float32
+    S] or broadcastable, or [N, 1, Tq, S] over B = N x H batches (beam search's slots, decoding/cache.py), True =
+    padding -> [B, Tq, S] in k's dtype. The scale is baddbmm's alpha on CPU float32
     (bitwise what scaling the product afterwards gives; measured 1.1-1.7x faster than matmul then mul_ on a decoding
     step's shapes). What `attend` uses, and what alignment.py reads."""
     if q.dtype != k.dtype:
@@ -46,7 +47,8 @@ def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor
     else:
         scores = torch.bmm(q, k.transpose(1, 2)).mul_(q.size(-1) ** -0.5)
     if pad is not None:
-        scores.masked_fill_(pad, float("-inf"))
+        grouped = scores if pad.dim() == 3 else scores.view(pad.size(0), -1, *scores.shape[1:])
+        grouped.masked_fill_(pad, float("-inf"))
     return scores.softmax(dim=-1)
 
 
@@ -66,9 +68,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None, out: Tens
     CPU's bf16 batched products over strided cache slices are 2-3x slower than float32 ones (measured on a 2-core
     AVX512-BF16 CPU). With SDPA_DECODING it goes through SDPA all the same (4-D, as its fused kernels want)."""
     if SDPA_DECODING:
-        mask = None if pad is None else ~pad.unsqueeze(0)  # [1, B or 1, Tq or 1, S], True = attend
-        res = F.scaled_dot_product_attention(q.to(k.dtype).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                             attn_mask=mask).squeeze(0)
+        groups = 1 if pad is None or pad.dim() == 3 else pad.size(0)  # [1 or N, B / N, ...] as SDPA's 4-D
+        mask = None if pad is None else ~(pad.unsqueeze(0) if pad.dim() == 3 else pad)  # True = attend
+        q, k, v = (x.unflatten(0, (groups, -1)) for x in (q, k, v))
+        res = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask).flatten(0, 1)
         if out is not None:
             return out.copy_(res)
         return res if res.dtype == q.dtype else res.to(q.dtype)
@@ -154,19 +157,24 @@ class MultiHeadAttention(nn.Module):
 
     def step_self(self, x: Tensor, layer: int, segments: list[Segment], masks: list[Tensor | None]) -> Tensor:
         """Self-attention of one new position per row, x [R', D] -> [R', D]: the new keys and values are written
-        into each segment's cache at its position, and every row attends over its segment's window (see cache.py).
+        into each segment's cache at its position (each row into its slot), and every row attends over its
+        sentence's window, all slots, those not its ancestor's masked (see cache.py).
         Rows past the segments' (R' > R: `Transformer.row_multiple`) are padding: their output is 0."""
         qkv = self.qkv_proj.forward(x)  # [R', 3D]
         out = _per_segment(qkv, x, segments, lambda i, seg, part, o: self._attend_self(part, layer, seg, masks[i], o))
         return self.out_proj.forward(out)
 
     def _attend_self(self, qkv: Tensor, layer: int, seg: Segment, mask: Tensor | None, out: Tensor) -> None:
-        rows, d = qkv.size(0), qkv.size(1) // 3
-        kv = seg.kv[layer]  # [2, R, H, C, K]
-        seg.write(kv, qkv[:, d:].view(rows, 2, self.h, 1, self.d_k).transpose(0, 1).to(kv.dtype))
-        b, w = rows * self.h, seg.window  # attention over [R x H] batches (views of the cache)
-        k, v = kv[0, :, :, :w].reshape(b, w, self.d_k), kv[1, :, :, :w].reshape(b, w, self.d_k)
-        attend(qkv[:, :d].reshape(b, 1, self.d_k), k, v, mask, out.view(b, 1, self.d_k))
+        d, n, beams, h, d_k = qkv.size(1) // 3, seg.sentences, seg.beams, self.h, self.d_k
+        kv = seg.kv[layer]  # [2, N, H, C, B, K]
+        seg.write(layer, qkv[:, d:].view(n, beams, 2, h, d_k).permute(2, 0, 3, 1, 4).to(kv.dtype))
+        w = seg.window  # attention over [N x H] batches of a sentence's [w x B] keys (views of the cache)
+        k, v = kv[0, :, :, :w].reshape(n * h, w * beams, d_k), kv[1, :, :, :w].reshape(n * h, w * beams, d_k)
+        if beams == 1:  # [N, H, 1, K] is already the rows' layout
+            attend(qkv[:, :d].reshape(n * h, 1, d_k), k, v, mask, out.view(n * h, 1, d_k))
+            return
+        q = qkv[:, :d].reshape(n, beams, h, d_k).transpose(1, 2).reshape(n * h, beams, d_k)
+        out.view(n, beams, h, d_k).copy_(attend(q, k, v, mask).view(n, h, beams, d_k).transpose(1, 2))
 
     def step_cross(self, x: Tensor, layer: int, segments: list[Segment]) -> Tensor:
         """Encoder-decoder attention of one new position per row, x [R', D] -> [R', D], against each segment's

@@ -2,24 +2,29 @@
 
 A `DecoderCache` holds one or more `Segment`s, in row order: one per batch that joined (continuous batching), each
 with its own positions and source. A segment keeps
-  - the self-attention keys and values of each decoder layer in a preallocated buffer `kv[layer]` [2, R, H, C, K],
-    written at position `pos` (by index from a [1] tensor in the static layout, so a step never reads a Python int
-    to know where);
+  - the self-attention keys and values of every decoder layer in one preallocated buffer `kv`
+    [L, 2, N, H, C, B, K]: sentence-major, and within a sentence one slot per beam (B = beams), each row writing
+    its new position into its own slot (by index from a [1] tensor in the static layout, so a step never reads a
+    Python int to know where);
+  - beam search's slot table `slots` [R, C]: for each row and position, the slot that holds the keys and values of
+    the row's ancestor there. A beam reorder moves only this table (R x C integers), never the keys and values:
+    a row attends over all B slots of its sentence (its beams fold into the query dimension, as in encoder-decoder
+    attention), the slots that are not its ancestor's masked (`self_mask`). The products read the same memory as
+    a row-by-row attention over gathered keys would, with no gather: 0.55-0.6x the time of gather plus attention in
+    a microbenchmark at a Multi30k step's shapes (2 CPU cores), 1.02-1.03x as fast a translation, with the same
+    output (docs/results.md#cpu-translation); on a GPU a CUDA graph's reorder copies the table, not the cache.
+    Greedy search and sampling (one row a sentence) have one slot and no table;
   - the encoder-decoder keys and values `cross` [L, 2, N, H, S, K], computed once per sentence and shared by its
     `beams` consecutive rows (R = N x beams, sentence-major; attention folds the beams into the query dimension);
   - the source padding mask, laid out once as [N x H, 1, S] for attention.
 
 Two layouts, one code path:
-  - exact (CPU eager, the default): attention reads exactly the `length + 1` filled positions, and every reorder
-    gathers them into the spare buffer with room for exactly one more, so the keys and values a step reads are
-    contiguous (up to 2x faster on CPU than a slice of a larger buffer). Shapes change every step, which costs
-    nothing in eager mode.
+  - exact (CPU eager, the default): attention reads exactly the `length + 1` filled positions (each sentence's
+    window one contiguous block of the buffer); the capacity doubles when it runs out. Shapes change every step,
+    which costs nothing in eager mode.
   - static (for torch.compile and CUDA graphs): the capacity C comes from a few buckets (16, 32, 64, ...), attention
-    reads all C positions with the unfilled ones masked, a beam reorder gathers and copies back in place (the
-    buffers keep their addresses), and a step's shapes change only when a bucket does. With SPARE_REORDER the
-    reorder gathers into a second buffer of the same shape instead and the two swap (`spare`: half the memory
-    traffic, but twice the cache and two CUDA graphs a bucket; slower on an H200), the graph's step leaving the
-    swap to the host (`reorder(..., swap=False)`, then `swap()`): a replay runs no Python.
+    reads all C positions with the unfilled ones masked, a beam reorder copies the slot table in place (every
+    buffer keeps its address), and a step's shapes change only when a bucket does.
 The host side (`make_room`, `advance`) runs around the step; the step itself (`Transformer.static_step`) reads only
 tensors and bucket-level ints.
 
@@ -30,17 +35,14 @@ layer per segment), and no row reads much more than its own positions. A batch t
 inside the merged segment (`merges_on_join`); one that does not keeps a segment of its own. The merged rows are right-aligned: every
 row's newest position is the same buffer column, and a sentence that has decoded fewer positions starts later,
 `offsets[n]` columns in (zeros there, masked). Sources are padded to the longest. When the sentences that started
-first leave, the columns no row reads any more are dropped by the next reorder's gather.
+first leave, the columns no row reads any more are dropped.
 
-Sentences that leave do not move the others' encoder-decoder keys and values: the sentences past the kept count fill
-the holes (`order`), so only they are copied, and the view shrinks. (Its sources stay as many: reading only as many
-as the kept sentences have changes the sums of attention, and with them 3 of 4000 n-best lines.) A merge writes the
-joining sentences' keys and values after the running ones, into room left in the same buffer (made with half as
-many sentences again to spare, and sources rounded up to CROSS_SOURCES). In a server, where a few sentences leave
-and join every step or two, copying every running sentence's keys and values instead took ~5% of the decoding
-thread (py-spy). The self-attention buffers likewise: once a join has merged into a segment, its buffers keep as
-many rows spare (`spare_rows`: the largest join so far; exact layout), and a later join of that size writes its
-rows there while the running ones stay in place (1.02-1.09x a server's throughput at 32 clients, 8 runs in turn).
+Sentences that leave do not move the others' keys and values: the sentences past the kept count fill the holes
+(`order`), so only they are copied, and the views shrink. (The encoder-decoder sources stay as many: reading only as
+many as the kept sentences have changes the sums of attention, and with them 3 of 4000 n-best lines.) A merge writes
+the joining sentences after the running ones, into room left in the same buffers (made with half as many sentences
+again to spare; sources rounded up to CROSS_SOURCES). In a server, where a few sentences leave and join every step
+or two, copying every running sentence's keys and values instead took ~5% of the decoding thread (py-spy).
 """
 
 from __future__ import annotations
@@ -58,12 +60,6 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # columns); gaps of 0-6 measured alike, 8 0.97x, 12 0.95x.
 MERGE_GAP = 4
 CROSS_SOURCES = 16  # a merged segment's room for sources: their count rounded up to a multiple of this
-# Static layout: a beam reorder gathers into a spare buffer and swaps (one pass over the cache), or, False (the
-# default), gathers and copies back in place (two passes, one address: a CUDA graph a bucket instead of two, and no
-# second cache). On an H200 (bench/graph_ab.py, base shape, fp16, 3003 newstest2014 lines, 2026-11-26) in place ran
-# 1.10x and 1.18x as fast as the spare buffers in two rounds, recording 30 graphs instead of 124, with the same
-# 3003 best hypotheses.
-SPARE_REORDER = False
 
 
 class Cache(Protocol):
@@ -102,15 +98,11 @@ class Segment:
         self.beams = 1
         self.length = 0  # positions decoded (host)
         self.pos = torch.zeros(1, dtype=torch.long, device=cross.device)  # the same, on the device
-        self.kv: list[Tensor] | None = None  # per layer [2, R, H, C, K], positions [0, length) filled
-        self._flat: list[list[Tensor | None]] = [[None, None] for _ in range(cross.size(0))]  # exact: per layer, the
-        # two buffers its `kv` alternates between
-        self._in_use = 0
-        self.spare_rows = 0  # exact layout: rows each buffer keeps free after the segment's (for joins to merge into)
-        self._full: list[Tensor] | None = None  # exact layout: per layer the buffer [2, R + spare, H, C, K] `kv` is
-        # the first R rows of
+        self.kv: Tensor | None = None  # [L, 2, N, H, C, B, K], positions [0, length) filled
+        self._kv_room: Tensor | None = None  # the buffer `kv` is the leading [:, :, :N] part of
+        self.slots: Tensor | None = None  # beams > 1: [R, C] the slot of each row's ancestor at each position
+        self._own: Tensor | None = None  # beams > 1: [R] each row's own slot (the one it writes)
         self._arange: Tensor | None = None  # static layout: [C] position indices, for the mask
-        self.spare: list[Tensor] | None = None  # static layout, beams: per layer the buffer a reorder gathers into
         self.offsets: list[int] | None = None  # host, per sentence: the first column it reads (merged; None: all 0)
         self._row_start: Tensor | None = None  # the same per row [R] on the device (made when needed)
         self._set_pad(src_pad)
@@ -135,16 +127,17 @@ class Segment:
 
     @property
     def capacity(self) -> int:
-        return self.kv[0].size(3)
+        return self.kv.size(4)
 
-    def write(self, kv: Tensor, new: Tensor) -> None:
-        """Write one layer's new keys and values new [2, R, H, 1, K] into kv [2, R, H, C, K] at the position: by
+    def write(self, layer: int, new: Tensor) -> None:
+        """Write one layer's new keys and values new [2, N, H, B, K] (each row into its own slot) at the position: by
         index (the `pos` tensor) in the static layout; in the exact one by a slice at `length`, which measured ~2x
         faster on CPU than index_copy_."""
+        kv = self.kv[layer]  # [2, N, H, C, B, K]
         if self.static:
-            kv.index_copy_(3, self.pos, new)
+            kv.index_copy_(3, self.pos, new.unsqueeze(3))
         else:
-            kv.narrow(3, self.length, 1).copy_(new)
+            kv.select(3, self.length).copy_(new)
 
     def row_start(self) -> Tensor | None:
         """Per row [R], the first buffer column it reads (merged segments), or None when every row reads from 0."""
@@ -161,62 +154,72 @@ class Segment:
         return self.pos if start is None else self.pos - start
 
     def self_mask(self) -> Tensor | None:
-        """True at the buffer columns a step must not attend to, broadcastable to [R x H, 1, window]: static
-        layout, the columns past the position ([1, 1, C]); merged rows, the columns before each row's start
-        ([R x H, 1, window]); None when neither."""
+        """True at the keys a step's self-attention must not attend to (once a step; beam search: first records each
+        row's own slot at the position in `slots`).
+          - One row a sentence: broadcastable to [N x H, 1, window]: static layout, the columns past the position
+            ([1, 1, C]); merged rows, the columns before each row's start ([N x H, 1, window]); None when neither.
+          - Beams: [N, 1, B, window x B] over a sentence's [window, B] keys: the slots that do not hold the row's
+            ancestor, and those columns."""
         start = self.row_start()
-        mask = (self._arange > self.pos).view(1, 1, -1) if self.static else None
-        if start is None:
-            return mask
         window, heads = self.window, self.cross.size(3)
-        cols = self._arange if self.static else torch.arange(window, device=start.device)
-        early = (cols < start.unsqueeze(1)).unsqueeze(1).expand(-1, heads, -1).reshape(-1, 1, window)
-        return early if mask is None else early | mask
+        cols = None
+        if self.static:
+            cols = self._arange
+        elif start is not None:
+            cols = torch.arange(window, device=start.device)
+        late = (cols > self.pos) if self.static else None  # [window]
+        early = None if start is None else cols < start.unsqueeze(1)  # [R, window]
+        if self.beams == 1:
+            mask = None if late is None else late.view(1, 1, -1)
+            if early is None:
+                return mask
+            early = early.unsqueeze(1).expand(-1, heads, -1).reshape(-1, 1, window)
+            return early if mask is None else early | mask
+        if self.static:
+            self.slots.index_copy_(1, self.pos, self._own.unsqueeze(1))
+        else:
+            self.slots.select(1, self.length).copy_(self._own)
+        n, b = self.sentences, self.beams
+        mask = self.slots[:, :window].view(n, b, window, 1) != self._own[:b]  # [N, B, window, B]
+        if late is not None:
+            mask |= late.view(1, 1, window, 1)
+        if early is not None:
+            mask |= early.view(n, b, window, 1)
+        return mask.view(n, 1, b, window * b)
 
     def make_room(self) -> None:
-        """Before a step: a buffer with room for position `length` (host; grows at bucket boundaries), and merged
-        rows' starts on the device (made here, so that the step itself creates no tensor from host values)."""
+        """Before a step: buffers with room for position `length` (host; grows at bucket boundaries), the rows' own
+        slots and merged rows' starts on the device (made here, so that the step itself creates no tensor from host
+        values)."""
         self.row_start()
         need = self.length + 1
         if self.kv is None or self.capacity < need:
-            capacity = _bucket(need) if self.static else max(16, 2 * need)
-            grown = self._layout(self.rows, capacity)
-            if self.kv is not None:
-                for new, old in zip(grown, self.kv, strict=True):
-                    new[..., : self.length, :] = old[..., : self.length, :]
-            self.kv = grown
-        if SPARE_REORDER and self.static and self.beams > 1:
-            self._spare_buffers()  # made here, outside a graph's recording
+            self._grow(_bucket(need) if self.static else max(16, 2 * need))
+        if self.beams > 1 and (self._own is None or self._own.size(0) != self.rows):
+            self._own = torch.arange(self.beams, device=self.cross.device).repeat(self.sentences)
 
-    def _layout(self, rows: int, capacity: int) -> list[Tensor]:
-        """Per layer a [2, rows, H, capacity, K] buffer: static, a new zeroed one (masked positions must hold no
-        NaN); exact, a view of the layer's flat buffer not backing `kv` (grown when too small, smaller again when 4x
-        too large: a joined batch's long-lived last rows would otherwise keep its first steps' memory). One buffer
-        per layer, not one for all: buffers L times larger measured 1.5x slower to gather into on CPU (fresh pages
-        from the allocator on every resize)."""
-        _, _, _, heads, _, d_k = self.cross.shape
+    def _grow(self, capacity: int) -> None:
+        """New buffers of `capacity` positions, the filled ones copied."""
+        layers, _, n, heads, _, d_k = self.cross.shape
+        room = self._new((layers, 2, n if self._kv_room is None else self._kv_room.size(2), heads, capacity,
+                          self.beams, d_k))
+        kv = room.narrow(2, 0, n)
+        if self.kv is not None and self.length:
+            kv[..., : self.length, :, :] = self.kv[..., : self.length, :, :]
+        self.kv, self._kv_room = kv, room
+        if self.beams > 1:
+            slots = torch.zeros((self.rows, capacity), dtype=torch.long, device=self.cross.device)
+            if self.slots is not None and self.length:
+                slots[:, : self.length] = self.slots[:, : self.length]
+            self.slots = slots
         if self.static:
             self._arange = torch.arange(capacity, device=self.cross.device)
-            return [self.cross.new_zeros((2, rows, heads, capacity, d_k)) for _ in self._flat]
-        self._in_use = spare = 1 - self._in_use
-        shape = (2, rows + self.spare_rows, heads, capacity, d_k)
-        need = 2 * shape[1] * heads * capacity * d_k
-        self._full = []
-        for flat in self._flat:
-            if flat[spare] is None or not need <= flat[spare].numel() <= 4 * need + 4096:
-                flat[spare] = self.cross.new_empty(need + need // 4)  # room to grow a few steps
-            self._full.append(flat[spare][:need].view(shape))
-        return [full.narrow(1, 0, rows) for full in self._full]
 
-    def _spare_buffers(self) -> list[Tensor]:
-        """The buffers a beam reorder gathers into (SPARE_REORDER), made to the cache's shape when it has none."""
-        if self.spare is None or self.spare[0].shape != self.kv[0].shape:
-            self.spare = [torch.empty_like(kv) for kv in self.kv]  # (a reorder writes every position of them)
-        return self.spare
-
-    def swap(self) -> None:
-        """The spare buffers (a beam reorder's gather, `reorder(..., swap=False)`) become the cache."""
-        self.kv, self.spare = self.spare, self.kv
+    def _new(self, shape: list[int] | tuple[int, ...]) -> Tensor:
+        """A keys-and-values buffer: zeros in the static layout, which reads every position (masked ones must hold
+        no NaN: 0 x NaN is NaN); uninitialised in the exact one, which reads only positions written (or zeroed:
+        `merge`, `repeat_beams`), and where zeroing a buffer took ~4% of decoding."""
+        return self.cross.new_zeros(shape) if self.static else self.cross.new_empty(shape)
 
     def advance(self, host: bool = True, device: bool = True) -> None:
         """After a step: one position more, on the host (`length`) and on the device (`pos`; a CUDA graph's step
@@ -226,46 +229,36 @@ class Segment:
         if device:
             self.pos += 1
 
-    def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None,
-                swap: bool = True) -> None:
+    def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None) -> None:
         """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences, `kept`
-        the same on the host. Merged rows: the columns no kept row reads any more are dropped. `swap` False (with
-        SPARE_REORDER, a static layout's beam reorder in a CUDA graph): the rows are gathered into `spare`, and
-        `swap()` makes it the cache afterwards."""
+        the same on the host. The keys and values move only with sentences that leave (their holes filled); beams
+        move in the slot table (in place in the static layout: a CUDA graph's reorder keeps every address). Merged
+        rows: the columns no kept row reads any more are dropped."""
         drop = 0
         if sentences is not None:
-            self._keep_cross(sentences, kept)
+            self.cross, self._room = _keep(self.cross, self._room, sentences, kept)
+            if self.kv is not None:
+                self.kv, self._kv_room = _keep(self.kv, self._kv_room, sentences, kept, self.length)
             self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
             if self.offsets is not None:
                 offsets = [self.offsets[i] for i in (kept if kept is not None else sentences.tolist())]
                 drop = min(offsets)
                 self.offsets = [o - drop for o in offsets] if any(o > drop for o in offsets) else None
                 self._row_start = None
-        if self.kv is None:
-            return
-        if self.static and rows.numel() == self.kv[0].size(1) and not drop:  # as many rows: beams moved
-            if not SPARE_REORDER:
-                for kv in self.kv:  # in place: the buffers keep their addresses
-                    kv.copy_(kv.index_select(1, rows))
-                return
-            for kv, out in zip(self.kv, self._spare_buffers(), strict=True):  # addresses alternate between two
-                if kv.requires_grad:  # (decoding outside no_grad; autograd does not support out=)
-                    out.copy_(kv.index_select(1, rows))
-                else:
-                    torch.index_select(kv, 1, rows, out=out)
-            if swap:
-                self.swap()
-            return
-        # static: every position (no shape from the length); exact: the filled ones, from the first one still read
-        end = self.capacity if self.static else self.length
-        target = self._layout(rows.numel(), self.capacity if self.static else self.length - drop + 1)
-        for kv, out in zip(self.kv, target, strict=True):
-            if kv.requires_grad:  # (decoding outside no_grad; autograd does not support out=)
-                out[..., : end - drop, :].copy_(kv[..., drop:end, :].index_select(1, rows))
+        if self.slots is not None:
+            if self.static and sentences is None:
+                self.slots.copy_(self.slots.index_select(0, rows))
             else:
-                torch.index_select(kv[..., drop:end, :], 1, rows, out=out[..., : end - drop, :])
-        self.kv = target
-        if drop:
+                self.slots = self.slots.index_select(0, rows)
+        if drop and self.kv is not None:
+            kept_columns = self.length - drop
+            kv = self._new(self.kv.shape)
+            kv[..., :kept_columns, :, :] = self.kv[..., drop : self.length, :, :]
+            self.kv = self._kv_room = kv
+            if self.slots is not None:
+                slots = torch.zeros_like(self.slots)
+                slots[:, :kept_columns] = self.slots[:, drop : self.length]
+                self.slots = slots
             self.length -= drop
             self.pos -= drop
 
@@ -276,22 +269,29 @@ class Segment:
         shifts = (length - self.length, length - other.length)
         offsets = [o + shifts[0] for o in self.offsets or [0] * self.sentences]
         offsets += [o + shifts[1] for o in other.offsets or [0] * other.sentences]
-        rows = (self.rows, other.rows)
-        if not self.static and not shifts[0] and self._full[0].size(1) >= sum(rows):
-            target = [full.narrow(1, 0, sum(rows)) for full in self._full]  # into the spare rows: this segment's
-            parts = [(other, shifts[1], rows[0])]  # stay where they are
+        n, m = self.sentences, other.sentences
+        capacity = max(self.capacity, other.capacity if other.kv is not None else 0)
+        room = self._kv_room
+        if not shifts[0] and room.size(2) >= n + m and self.capacity == capacity:
+            parts = [(other, shifts[1], n)]  # into the room: this segment's keys and values stay where they are
         else:
-            self.spare_rows = max(self.spare_rows, other.rows)  # joins this size merge in place from now on
-            capacity = max(self.capacity, other.capacity if other.kv is not None else 0)
-            target = self._layout(sum(rows), capacity if self.static else length + 1)
-            parts = [(self, shifts[0], 0), (other, shifts[1], rows[0])]
-        for layer, out in enumerate(target):
-            for seg, shift, first in parts:
-                part = out.narrow(1, first, seg.rows)
-                if shift and not self.static:
-                    part[..., :shift, :].zero_()  # columns masked, and never NaN: 0 x garbage would be
+            shape = list(room.shape)
+            shape[2], shape[4] = n + m + (n + m) // 2, capacity
+            room = self._new(shape)
+            parts = [(self, shifts[0], 0), (other, shifts[1], n)]
+        kv = room.narrow(2, 0, n + m)
+        for seg, shift, first in parts:
+            part = kv.narrow(2, first, seg.sentences)
+            if shift:
+                part[..., :shift, :, :].zero_()  # columns masked, and never NaN: 0 x garbage would be
+            if seg.length:
+                part[..., shift:length, :, :] = seg.kv[..., : seg.length, :, :]
+        if self.beams > 1:
+            slots = torch.zeros((self.rows + other.rows, capacity), dtype=torch.long, device=kv.device)
+            for seg, shift, first in ((self, shifts[0], 0), (other, shifts[1], self.rows)):
                 if seg.length:
-                    part[..., shift:length, :] = seg.kv[layer][..., : seg.length, :]
+                    slots[first : first + seg.rows, shift:length] = seg.slots[:, : seg.length]
+            self.slots = slots
         sources = max(self.cross.size(4), other.cross.size(4))
         if self.src_pad is None and other.src_pad is None and self.cross.size(4) == other.cross.size(4):
             pad = None
@@ -299,26 +299,11 @@ class Segment:
             pad = torch.cat([_source_pad(self, sources), _source_pad(other, sources)])
         self._join_cross(other.cross, sources)
         self._set_pad(pad)
-        self.kv = target
+        self.kv, self._kv_room = kv, room
         self.length = length
         self.pos.fill_(length)
         self.offsets = offsets if any(offsets) else None
         self._row_start = None
-
-    def _keep_cross(self, sentences: Tensor, kept: list[int] | None) -> None:
-        """Keep the encoder-decoder keys and values of `sentences` (their host list `kept`): in place when only
-        sentences from past the kept count fill holes (`order`), else by a gather; by a gather too when the buffer
-        holds more than 4x what the kept sentences read (a burst of joins does not pin its memory for as long as a
-        server's segment lives)."""
-        n = len(kept) if kept is not None else -1
-        if (n < 0 or any(k != i and k < n for i, k in enumerate(kept))
-                or 4 * n * self.cross.size(4) < self._room.size(2) * self._room.size(4)):
-            self.cross = self._room = self.cross.index_select(2, sentences)
-            return
-        for i, k in enumerate(kept):
-            if k != i:  # one copy a hole: 3x faster than index_copy_ for the one or two of a server's step
-                self.cross[:, :, i].copy_(self.cross[:, :, k])
-        self.cross = self.cross.narrow(2, 0, n)
 
     def _join_cross(self, other: Tensor, sources: int) -> None:
         """Append `other`'s encoder-decoder keys and values [L, 2, n, H, s, K] after this segment's sentences, both
@@ -335,10 +320,20 @@ class Segment:
         self._room, self.cross = room, room[:, :, : n + m, :, :sources]
 
     def repeat_beams(self, k: int) -> None:
+        """Each row becomes k rows of its sentence (one row a sentence before: the slots it filled become slot 0 of
+        k, and the table says slot 0 for every row at those positions)."""
         if k == 1:
             return
         if self.kv is not None:
-            self.reorder(torch.arange(self.rows, device=self.cross.device).repeat_interleave(k), None)
+            if self.beams != 1:
+                raise ValueError("repeat_beams: the segment already has several beams a sentence")
+            shape = list(self.kv.shape)
+            shape[5] = k
+            room = self._new(shape)
+            room[..., : self.length, 0, :] = self.kv[..., : self.length, 0, :]
+            room[..., : self.length, 1:, :].zero_()
+            self.kv = self._kv_room = room
+            self.slots = torch.zeros((self.sentences * k, self.capacity), dtype=torch.long, device=room.device)
         self.beams *= k
 
 
@@ -361,13 +356,13 @@ class DecoderCache:
         for s in self.segments:
             s.advance(host, device)
 
-    def reorder(self, rows: Tensor, keep: list[int] | None = None, swap: bool = True) -> None:
+    def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
         if len(self.segments) == 1:
             seg = self.segments[0]
             sentences = None
             if keep is not None and len(keep) < seg.sentences:
                 sentences = torch.tensor(keep, device=rows.device)
-            seg.reorder(rows, sentences, keep, swap)
+            seg.reorder(rows, sentences, keep)
             return
         kept, row_start, first_sentence, first_row = [], 0, 0, 0
         for seg in self.segments:
@@ -381,18 +376,12 @@ class DecoderCache:
             if count:
                 local = rows[row_start : row_start + n_rows] - first_row
                 chosen = None if mine is None or count == sentences else torch.tensor(mine, device=rows.device)
-                seg.reorder(local, chosen, mine, swap)
+                seg.reorder(local, chosen, mine)
                 kept.append(seg)
             row_start += n_rows
             first_sentence += sentences
             first_row += old_rows
         self.segments = kept
-
-    def swap(self) -> None:
-        """After `reorder(rows, swap=False)` (beams moved, no sentence left): each segment's gathered buffers
-        become its cache."""
-        for s in self.segments:
-            s.swap()
 
     def repeat_beams(self, k: int, newest: bool = False) -> None:
         for seg in self.segments[-1:] if newest else self.segments:
@@ -446,6 +435,25 @@ def _fill_holes(kept: list[int]) -> list[int]:
     tail = iter(k for k in kept if k >= n)
     stay = {k for k in kept if k < n}
     return [i if i in stay else next(tail) for i in range(n)]
+
+
+def _keep(view: Tensor, room: Tensor, sentences: Tensor, kept: list[int] | None,
+          filled: int | None = None) -> tuple[Tensor, Tensor]:
+    """Keep the sentences `sentences` (their host list `kept`) of `view` [L, 2, N, ...], the leading part of `room`
+    along dimension 2 -> (the kept view, its room): in place when only sentences from past the kept count fill holes
+    (`order`; the first `filled` positions of dimension 4 copied, all when None), else by a gather; by a gather too
+    when the room holds more than 4x what the kept sentences read (a burst of joins does not pin its memory for as
+    long as a server's segment lives)."""
+    n = len(kept) if kept is not None else -1
+    if (n < 0 or any(k != i and k < n for i, k in enumerate(kept))
+            or 4 * n * view[0, 0, 0].numel() < room.size(2) * room[0, 0, 0].numel()):
+        out = view.index_select(2, sentences)
+        return out, out
+    part = view if filled is None else view.narrow(4, 0, filled)
+    for i, k in enumerate(kept):
+        if k != i:  # one copy a hole: 3x faster than index_copy_ for the one or two of a server's step
+            part[:, :, i].copy_(part[:, :, k])
+    return view.narrow(2, 0, n), room
 
 
 def _source_pad(seg: Segment, sources: int) -> Tensor:

@@ -12,8 +12,7 @@ What makes a step replayable:
     generator) run eagerly (`graphable`).
   - The steps read and write the same memory: the tensors the search would replace (`state.tokens = ...`,
     finalize's `torch.where`) are copied back into the ones the step began with, and the static cache's beam
-    reorder gathers in place (or, with cache.SPARE_REORDER, into its spare buffers, which the host then swaps in:
-    `after_step`, beam search alternating between two sets of buffers and two graphs). A graph is keyed by the
+    reorder copies its slot tables in place (the keys and values do not move: cache.py). A graph is keyed by the
     address, shape and strides of every tensor of the state and the cache (`step_key`) and by the search's
     settings, and replayed only where all of them are the same; a new key (the capacity grew to its next bucket,
     sentences left or joined) records a new graph, from its first step.
@@ -37,7 +36,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt_cli.decoding import cache as cache_module
 from nmt_cli.decoding.config import SearchConfig
 from nmt_cli.decoding.constraints import constrain
 
@@ -186,8 +184,8 @@ def step_body(model, cache, state, cfg: SearchConfig, search) -> Callable[[int |
         constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, None)
         chosen = search.select(state, t, lprobs)
         rows = search.advance(state, t, chosen, None)
-        if rows is not None:  # beam search (into the spare buffers with SPARE_REORDER: `after_step` swaps)
-            cache.reorder(rows, None, swap=False)
+        if rows is not None:  # beam search: the slot tables, in place
+            cache.reorder(rows, None)
         for name, old in before.items():
             new = getattr(state, name)
             if new is not old and new.shape == old.shape:  # (a cache made for another size stays new)
@@ -197,10 +195,7 @@ def step_body(model, cache, state, cfg: SearchConfig, search) -> Callable[[int |
     return body
 
 
-def after_step(cache, search) -> None:
-    """The host's part of a step run by `step_body` (recorded or not): the cache's positions one more on the host,
-    and, after a beam search's reorder, its spare buffers as the cache (a replay runs no Python, so this is never
-    inside a graph)."""
+def after_step(cache) -> None:
+    """The host's part of a step run by `step_body` (recorded or not): the cache's positions one more on the host
+    (a replay runs no Python, so this is never inside a graph)."""
     cache.advance(device=False)
-    if search.beam and cache_module.SPARE_REORDER:
-        cache.swap()

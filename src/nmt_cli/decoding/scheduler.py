@@ -159,7 +159,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             cache.make_room(model.config.max_positions)  # (a new bucket: new buffers, and a new graph)
             state.first_rows()  # made before the key, not inside a recording
             graphs.run(step_key(state, cache, cfg, search), step_body(model, cache, state, cfg, search), t)
-            after_step(cache, search)
+            after_step(cache)
             lprobs = None  # the whole step is done: select and advance too (all rows; leaving is below)
         else:
             lprobs = _log_probs(model, state.column(t), cache)  # [N*per, V]
