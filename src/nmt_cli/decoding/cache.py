@@ -162,11 +162,7 @@ class Segment:
             ancestor, and those columns."""
         start = self.row_start()
         window, heads = self.window, self.cross.size(3)
-        cols = None
-        if self.static:
-            cols = self._arange
-        elif start is not None:
-            cols = torch.arange(window, device=start.device)
+        cols = self._arange if self.static or start is None else torch.arange(window, device=start.device)
         late = (cols > self.pos) if self.static else None  # [window]
         early = None if start is None else cols < start.unsqueeze(1)  # [R, window]
         if self.beams == 1:
@@ -180,7 +176,8 @@ class Segment:
         else:
             self.slots.select(1, self.length).copy_(self._own)
         n, b = self.sentences, self.beams
-        mask = self.slots[:, :window].view(n, b, window, 1) != self._own[:b]  # [N, B, window, B]
+        slot_ids = self._own[:b]  # 0 .. B-1 (a sentence's own slots)
+        mask = self.slots[:, :window].view(n, b, window, 1) != slot_ids  # [N, B, window, B]
         if late is not None:
             mask |= late.view(1, 1, window, 1)
         if early is not None:
