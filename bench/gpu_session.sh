@@ -7,6 +7,7 @@
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
+#   mkdir -p .carry/before && git archive 5863c94 src bench | tar -x -C .carry/before   # decoding before slot tables
 # then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh (8 files in $OUT, the device's limit)
 # Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
 # With the machine still warm after it (~5 device minutes left), a second call: where a big update's time goes
@@ -39,6 +40,14 @@ timeout 120 .venv/bin/python -m pytest -q $XDIST -p no:cacheprovider tests/test_
 #    then against CTranslate2 on base and big (fp16-graph and fp16: graphs on and off, --no-cuda-graphs)
 timeout 60 .venv/bin/python bench/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
 echo "graph A/B rc=$? at ${SECONDS}s"; tail -9 "$OUT/graph_ab.log"
+#    the same script on the code before beam reorders moved slot tables instead of the cache (5863c94), carried as
+#    .carry/before (git archive 5863c94 src bench | tar -x -C .carry/before): the slot tables' effect on a GPU
+#    (appended to graph_ab.log: 8 files come back at most)
+if [ -d .carry/before ]; then
+  echo "== before slot tables (5863c94)" >> "$OUT/graph_ab.log"
+  timeout 60 .venv/bin/python .carry/before/bench/graph_ab.py --precision fp16 >> "$OUT/graph_ab.log" 2>&1
+  echo "graph A/B before slot tables rc=$? at ${SECONDS}s"; tail -11 "$OUT/graph_ab.log"
+fi
 #    (base also profiled with graphs: the GPU's busy share and its top kernels, where the gap to CTranslate2 is)
 for section in base big; do
   PROFILE=$([ $section = base ] && echo --profile)
