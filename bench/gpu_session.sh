@@ -45,6 +45,7 @@ echo "graph A/B rc=$? at ${SECONDS}s"; tail -9 "$OUT/graph_ab.log"
 #    (appended to graph_ab.log: 8 files come back at most)
 if [ -d .carry/before ]; then
   echo "== before slot tables (5863c94)" >> "$OUT/graph_ab.log"
+  ln -sfn "$(cd ../shared && pwd)" .carry/shared  # (its data path: two folders above its bench/)
   timeout 60 .venv/bin/python .carry/before/bench/graph_ab.py --precision fp16 >> "$OUT/graph_ab.log" 2>&1
   echo "graph A/B before slot tables rc=$? at ${SECONDS}s"; tail -11 "$OUT/graph_ab.log"
 fi
