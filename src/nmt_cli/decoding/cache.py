@@ -195,19 +195,19 @@ class Segment:
         if self.beams > 1 and (self._own is None or self._own.size(0) != self.rows):
             self._own = torch.arange(self.beams, device=self.cross.device).repeat(self.sentences)
 
-    def _grow(self, capacity: int) -> None:
-        """New buffers of `capacity` positions, the filled ones copied."""
+    def _grow(self, capacity: int, drop: int = 0) -> None:
+        """New buffers of `capacity` positions, the filled ones copied (those from column `drop` on, to column 0)."""
         layers, _, n, heads, _, d_k = self.cross.shape
         room = self._new((layers, 2, n if self._kv_room is None else self._kv_room.size(2), heads, capacity,
                           self.beams, d_k))
-        kv = room.narrow(2, 0, n)
-        if self.kv is not None and self.length:
-            kv[..., : self.length, :, :] = self.kv[..., : self.length, :, :]
+        kv, kept = room.narrow(2, 0, n), self.length - drop
+        if self.kv is not None and kept:
+            kv[..., :kept, :, :] = self.kv[..., drop : self.length, :, :]
         self.kv, self._kv_room = kv, room
         if self.beams > 1:
             slots = torch.zeros((self.rows, capacity), dtype=torch.long, device=self.cross.device)
-            if self.slots is not None and self.length:
-                slots[:, : self.length] = self.slots[:, : self.length]
+            if self.slots is not None and kept:
+                slots[:, :kept] = self.slots[:, drop : self.length]
             self.slots = slots
         if self.static:
             self._arange = torch.arange(capacity, device=self.cross.device)
@@ -248,14 +248,7 @@ class Segment:
             else:
                 self.slots = self.slots.index_select(0, rows)
         if drop and self.kv is not None:
-            kept_columns = self.length - drop
-            kv = self._new(self.kv.shape)
-            kv[..., :kept_columns, :, :] = self.kv[..., drop : self.length, :, :]
-            self.kv = self._kv_room = kv
-            if self.slots is not None:
-                slots = torch.zeros_like(self.slots)
-                slots[:, :kept_columns] = self.slots[:, drop : self.length]
-                self.slots = slots
+            self._grow(self.capacity, drop)
             self.length -= drop
             self.pos -= drop
 
