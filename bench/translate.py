@@ -122,12 +122,14 @@ def job_nmt(a: dict) -> dict:
 
     torch.set_num_threads(a["threads"])
     lines = read_lines(Path(a["input"]), a.get("n"))
-    # "fp32-top": --stop top; "fp32-fairseq": --lenpen-form fairseq; "int8-nojoin": batches one after the other
+    # "fp32-top": --stop top; "fp32-fairseq": --lenpen-form fairseq; "int8-nojoin": batches one after the other;
+    # "fp32-w1", "fp32-w2": --workers 1 or 2
     precision, *flags = a["precision"].split("-")
+    workers = next((int(f[1:]) for f in flags if f[:1] == "w" and f[1:].isdigit()), None)
     search = SearchConfig(beam=a["beam"], alpha=a["alpha"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
                           stop="top" if "top" in flags else "beam", lp="fairseq" if "fairseq" in flags else "gnmt")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines),
-                             join_batches="nojoin" not in flags, workers=1 if "w1" in flags else None,
+                             join_batches="nojoin" not in flags, workers=workers,
                              cuda_graphs="graph" in flags)
     device = a.get("device", "cpu")
     tr = Translator(load_checkpoints([a["checkpoint"]]), device, precision, config)
@@ -342,7 +344,7 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
             results[engine, prec].append(r)
     for (engine, prec), runs in results.items():
         label = {"nmt": "nmt " + prec.replace("-top", " --stop top").replace("-fairseq", " --lenpen-form fairseq")
-                 .replace("-nojoin", " (no joining)").replace("-w1", " --workers 1")
+                 .replace("-nojoin", " (no joining)").replace("-w1", " --workers 1").replace("-w2", " --workers 2")
                  .replace("-graph", " --cuda-graphs"),
                  "ct2": f"CTranslate2 {prec}".replace("-streams", " inter_threads 2"),
                  "hf": "Hugging Face generate fp32",
@@ -360,7 +362,7 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
              (("nmt", "fp32"), ("nmt", "fp32-top")), (("nmt", "fp32"), ("nmt", "bf16")),
              (("nmt", "fp32"), ("nmt", "int8")), (("nmt", "int8"), ("ct2", "int8")),
              (("nmt", "int8-top"), ("ct2", "int8")), (("nmt", "fp32"), ("nmt", "fp32-nojoin")),
-             (("nmt", "int8"), ("nmt", "int8-nojoin")), (("nmt", "fp32"), ("nmt", "fp32-w1")),
+             (("nmt", "int8"), ("nmt", "int8-nojoin")), (("nmt", "fp32"), ("nmt", "fp32-w1")), (("nmt", "fp32"), ("nmt", "fp32-w2")),
              (("nmt", "fp32"), ("ct2", "float32-streams")), (("nmt", "int8"), ("ct2", "int8-streams")), (("nmt", "int8-top"), ("nmt", "int8-top-nojoin")),
              (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32")),
              (("nmt", "fp16"), ("nmt", "fp16-graph")), (("nmt", "fp32"), ("nmt", "fp32-graph")),
@@ -401,7 +403,8 @@ def main() -> None:
                         "Hugging Face's length penalty form), '-top' adds --stop top (OpenNMT-py's stopping rule; "
                         "CTranslate2, fairseq and Hugging Face stop as nmt's default; CTranslate2 as --stop top "
                         "with --alpha 0), '-nojoin' runs the batches one after the other (no continuous batching), '-w1' decodes "
-                        "as one stream (--workers 1; the default on 2+ threads is 2 streams), '-graph' decodes with CUDA graphs "
+                        "as one stream and '-w2' as two (--workers 1 or 2; the default on 2+ threads: 2 for a model under 10M "
+                        "parameters, else 1), '-graph' decodes with CUDA graphs "
                         "(--cuda-graphs; GPU).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--alpha", type=float, default=0.6,

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'nmt-cli[serve]')")
 httpx = pytest.importorskip("httpx", reason="the test-serve extra is not installed")
@@ -22,6 +23,7 @@ libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test-serv
 
 from conftest import toy_pairs  # noqa: E402
 from helpers_translate import make_checkpoint  # noqa: E402
+from nmt_cli import checkpoint  # noqa: E402
 from nmt_cli.translate import Translator  # noqa: E402
 
 LINES = [en for en, _ in toy_pairs(40, seed=11)]
@@ -164,13 +166,15 @@ def test_alternatives_scores_auto_and_decoding_options(server, reference):
     assert other != first
 
 
-def test_languages_health_info(server):
+def test_languages_health_info(server, ckpt):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
     assert httpx.get(server.url + "/languages").json()[1] == {"code": "en", "name": "English", "targets": ["de"]}
     info = httpx.get(server.url + "/info").json()
     assert info["limits"]["batch_limit"] == 8 and info["limits"]["char_limit"] == 300
     assert info["models"][0]["source"] == "en" and info["models"][0]["precision"] == "fp32"
     assert info["models"][0]["defaults"]["beam"] == 4 and info["api_key_required"] is False
+    model = checkpoint.load(ckpt).build_model(torch.device("cpu"))  # the count before oneDNN packing or int8
+    assert info["models"][0]["parameters"] == sum(p.numel() for p in model.parameters())
     assert info["models"][0].get("engine_processes", 1) == (2 if server.mode == "two-engine-processes" else 1)
     settings = httpx.get(server.url + "/frontend/settings").json()
     assert settings["charLimit"] == 300 and settings["keyRequired"] is False

@@ -28,7 +28,7 @@ from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
-from nmt_cli.decoding.streams import decode_streams
+from nmt_cli.decoding.streams import decode_streams, default_streams
 from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.lines import iter_lines
@@ -247,6 +247,8 @@ class Translator:
             self.warn("slow bf16", slow)
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
+        # each model's parameters, counted before packing or quantizing (which turn weights into buffers)
+        self.model_parameters = [sum(p.numel() for p in m.parameters()) for m in models]
         if self.device.type == "cpu":
             from nmt_cli import allocator, packed
 
@@ -308,12 +310,13 @@ class Translator:
 
     def streams(self) -> int:
         """Decoding streams (decoding/streams.py): `workers` when given; else, on CPU with at least two threads,
-        two (beam and greedy search; sampling draws from one generator, so it is one stream), else one."""
+        two for a small model (`default_streams`: beam and greedy search; sampling draws from one generator, so it
+        is one stream), else one."""
         if self.device.type != "cpu" or self.config.search.sampling:
             return 1
         if self.config.workers is not None:
             return self.config.workers
-        return 2 if torch.get_num_threads() >= 2 else 1
+        return default_streams(torch.get_num_threads(), max(self.model_parameters))
 
     def decode_options(self) -> dict:
         """decode_batches' options: with CUDA graphs on (a GPU), static caches, a host check every GPU_CHECK_EVERY

@@ -13,6 +13,18 @@ batching included. The assignment depends only on the input, never on timing, so
 output every run. A stream's rows share steps with other batches than with one stream, which changes scores in
 their last digits (float sums over other padded lengths), as any change of batching does; on 1000 Multi30k lines
 the texts were the same.
+
+Two streams are the default only for small models (`default_streams`): below TWO_STREAMS_BELOW parameters. A larger
+model's step is work enough to keep two intra-op threads busy on one stream, two streams hold two working sets, and
+their per-step buffers (a batch's self-attention cache, logits over a 32k vocabulary) outgrow glibc's per-thread
+heaps (64 MB each): a stream on a thread of its own gets them mapped afresh, and faulted in again, on every
+allocation (~400,000 page faults a pass over 200 newstest2014 lines with the paper's base shape, none with one
+stream). Measured on a 2-core AMD EPYC (docs/results.md#cpu-translation), one stream against two: the base shape
+(60.5M parameters, 32k vocabulary) at 0.70x the peak memory, fp32 1.01-1.07x as fast (`bench/translate.py --sections
+base`, best of 3 and 5) and 1.07-1.13x (passes after the first, 200 lines), int8 0.95-1.05x and 1.04-1.17x; d_model
+256 with a 32k vocabulary (13.7M) 1.02-1.05x on first passes at 0.55x the memory; d_model 512 with an 8k vocabulary
+(48.2M) level (two streams 1.01-1.04x) at 0.72x the memory. The Multi30k small model (7.6M, 8k vocabulary) is where
+two streams win: 1.03-1.10x.
 """
 
 from __future__ import annotations
@@ -24,6 +36,14 @@ import torch
 
 from nmt_cli.decoding.config import Hypothesis, SearchConfig
 from nmt_cli.decoding.scheduler import Batch, Stopped, decode_batches
+
+TWO_STREAMS_BELOW = 10_000_000  # parameters of the largest model (an ensemble's largest member): see the docstring
+
+
+def default_streams(threads: int, parameters: int) -> int:
+    """Decoding streams when the caller does not say: two on two threads or more for a model of fewer than
+    TWO_STREAMS_BELOW `parameters`, else one (module docstring)."""
+    return 2 if threads >= 2 and parameters < TWO_STREAMS_BELOW else 1
 
 
 def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None,

@@ -136,7 +136,7 @@ class Engine:
 
     @property
     def parameters(self) -> int:
-        return sum(p.numel() for p in self.translator.model.parameters())
+        return sum(self.translator.model_parameters)  # (the model's own count: packed and int8 weights are buffers)
 
     # ------------------------------------------------------------------ requests (any thread)
 
