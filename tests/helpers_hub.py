@@ -74,7 +74,7 @@ class HubServer:
     """A local HTTP server in a thread that hands every request to `self._handle(request, method)`; a `with`
     block runs it at `self.url` (the hub fakes of the tests derive from it)."""
 
-    pause: float = 0.0  # seconds a download stops halfway (a slow network)
+    pause_until: Path | None = None  # a download stops halfway until this file exists (a slow network; 60 s at most)
 
     def __init__(self):
         hub = self
@@ -107,17 +107,21 @@ class HubServer:
     def _handle(self, request: BaseHTTPRequestHandler, method: str) -> None:
         raise NotImplementedError
 
-    def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict, method: str) -> None:
+    def _reply(self, h: BaseHTTPRequestHandler, status: int, body: bytes, headers: dict, method: str,
+               pause: bool = False) -> None:
         h.send_response(status)
         for k, v in headers.items():
             h.send_header(k, v)
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
         if method != "HEAD":
-            half = len(body) // 2 if self.pause else len(body)
+            pause = pause and self.pause_until is not None  # (a file's bytes only; listings answer at once)
+            half = len(body) // 2 if pause else len(body)
             h.wfile.write(body[:half])
             h.wfile.flush()
-            time.sleep(self.pause)
+            deadline = time.monotonic() + 60
+            while pause and not self.pause_until.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             h.wfile.write(body[half:])
 
 
@@ -128,7 +132,6 @@ class LocalHub(HubServer):
         self.files = files
         self.fail: tuple[int, dict[str, str]] | None = None  # (status, headers) for every request
         self.listed_size: int | None = None  # a size paths-info reports instead of the real one
-        self.pause: float = 0.0  # seconds a download stops halfway (a slow network)
         self.requests: list[str] = []
         HubServer.__init__(self)
 
@@ -169,5 +172,5 @@ class LocalHub(HubServer):
             if rng and rng.startswith("bytes="):
                 start = int(rng[6:].split("-")[0] or 0)
                 headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
-            return self._reply(h, 206 if start else 200, data[start:], headers, method)
+            return self._reply(h, 206 if start else 200, data[start:], headers, method, pause=True)
         return self._reply(h, 404, b"no such route", {}, method)

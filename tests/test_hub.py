@@ -197,19 +197,26 @@ def test_corrupt_cached_file_is_downloaded_again_online(tmp_path):
 
 
 def test_download_progress_counts_bytes_while_the_file_arrives(tmp_path):
-    """Progress polls the growing .incomplete file, whatever the hub release (no tqdm_class, no TTY needed)."""
+    """Progress polls the growing .incomplete file, whatever the hub release (no tqdm_class, no TTY needed). The
+    download stops halfway until the progress has reported a part of it (a marker file its callback writes)."""
     rev = "c" * 40
     body = os.urandom(24 << 20)  # bigger than the client's 10 MiB read chunks, so a part lands on disk first
+    seen = tmp_path / "partial-seen"
     code = (
         "import sys\n"
+        "from pathlib import Path\n"
         "from nmt_cli.data import hub\n"
         "events = []\n"
+        "def progress(stage, done, total):\n"
+        "    events.append((stage, done, total))\n"
+        "    if stage.startswith('download') and 0 < done < total:\n"
+        f"        Path({str(seen)!r}).touch()\n"
         f"files = hub.HubFiles('o/r', '{rev}', {{'train': ('big.parquet',)}})\n"
-        "paths = hub.fetch(files, progress=lambda stage, done, total: events.append((stage, done, total)))\n"
+        "paths = hub.fetch(files, progress=progress)\n"
         "partial = [d for s, d, t in events if s.startswith('download') and 0 < d < t]\n"
         "print(paths['train'][0].stat().st_size, len(partial))\n")
     with LocalHub({("o/r", rev, "big.parquet"): body}) as server:
-        server.pause = 1.0
+        server.pause_until = seen
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                            env=env_for(tmp_path / "hub", tmp_path, offline=False, HF_ENDPOINT=server.url))
     assert r.returncode == 0, r.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ httpx = pytest.importorskip("httpx", reason="the test-serve extra is not install
 libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test-serve extra is not installed")
 
 from conftest import toy_pairs  # noqa: E402
+from helpers_serve import Server, engine_pid, engine_pids, held, wait_for  # noqa: E402
 from helpers_translate import make_checkpoint  # noqa: E402
 from nmt_cli import checkpoint  # noqa: E402
 from nmt_cli.translate import Translator  # noqa: E402
@@ -29,47 +29,10 @@ from nmt_cli.translate import Translator  # noqa: E402
 LINES = [en for en, _ in toy_pairs(40, seed=11)]
 
 
-class Server:
-    """`nmt serve ARGS --port 0` in a subprocess; `url` once it listens; stderr collected in `log`."""
-
-    def __init__(self, *args: str):
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "nmt_cli.cli", "serve", "--port", "0", "--threads", "1",
-                                      *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
-        self.log: list[str] = []
-        self.ready = threading.Event()
-        self.url = None
-        threading.Thread(target=self._read, daemon=True).start()
-        if not self.ready.wait(120) or self.url is None:
-            self.proc.kill()
-            raise AssertionError("the server did not start:\n" + "".join(self.log))
-
-    def _read(self):
-        for line in self.proc.stderr:
-            self.log.append(line)
-            m = re.search(r"listening on (http://\S+)", line)
-            if m:
-                self.url = m.group(1)
-                self.ready.set()
-        self.ready.set()
-
-    def stop(self, sig=signal.SIGTERM, timeout=60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        return self.proc.wait(timeout)
-
-
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory, toy_tokenizer_bytes):
     return make_checkpoint(tmp_path_factory.mktemp("serve") / "tiny.pt", toy_tokenizer_bytes, seed=3,
                            max_positions=128)
-
-
-@pytest.fixture(scope="module")
-def slow_ckpt(tmp_path_factory, toy_tokenizer_bytes):
-    """Random weights decode to the maximum length: with 512 positions, a request takes seconds."""
-    return make_checkpoint(tmp_path_factory.mktemp("serve") / "slow.pt", toy_tokenizer_bytes, seed=4,
-                           d_model=128, d_ff=256, max_positions=512)
 
 
 SERVER_MODES = {"in-process": ("--no-engine-process",), "engine-process": ("--engine-process",),
@@ -245,7 +208,13 @@ def test_concurrent_requests_share_batches_and_get_their_own_answers(server, ref
                 return r.json()["translatedText"]
             return await asyncio.gather(*(one(i) for i in range(len(LINES))))
 
-    assert asyncio.run(main()) == best
+    answers = []
+    client = threading.Thread(target=lambda: answers.append(asyncio.run(main())))
+    with held(server):  # every request waits in the queue, whatever the machine's speed: they are batched together
+        client.start()
+        wait_for(server, lambda m: m["queued"] == len(LINES), "every request queued")
+    client.join(120)
+    assert answers == [best]
     after = httpx.get(server.url + "/info").json()["models"][0]
     sentences = after["translated"] - before["translated"]
     batches = after["batches"] - before["batches"]
@@ -253,22 +222,29 @@ def test_concurrent_requests_share_batches_and_get_their_own_answers(server, ref
 
 
 def test_a_short_request_returns_before_a_long_one_it_joined(server, reference):
+    """Both requests wait while the server is held; then they share one search, and the short one is answered as
+    soon as its sentence ends, before the long one."""
     long_line, short_line = " ".join(LINES[:6]), "a cat"
     long_out, short_out = (h[0].text for h in reference([long_line, short_line]))
     assert len(long_out) > 2 * len(short_out)  # (the precondition: more steps to decode)
-    done = {}
+    done = []
 
     def send(name, line):
         r = post(server, {"q": line, "source": "en", "target": "de"})
-        done[name] = (time.monotonic(), r.json()["translatedText"])
+        done.append((name, r.json()["translatedText"]))
 
-    t = threading.Thread(target=send, args=("long", long_line))
-    t.start()
-    time.sleep(0.02)
-    send("short", short_line)
-    t.join()
-    assert done["long"][1] == long_out and done["short"][1] == short_out
-    assert done["short"][0] < done["long"][0]
+    threads = [threading.Thread(target=send, args=(name, line)) for name, line in
+               (("long", long_line), ("short", short_line))]
+    with held(server):
+        for k, t in enumerate(threads, 1):
+            t.start()
+            wait_for(server, lambda m, k=k: m["queued"] == k, f"{k} sentences queued")
+    for t in threads:
+        t.join(120)
+    if server.mode == "two-engine-processes":  # each request goes whole to the emptier engine: no shared search
+        assert sorted(done) == [("long", long_out), ("short", short_out)]
+    else:
+        assert done == [("short", short_out), ("long", long_out)]
 
 
 def test_a_failed_encoding_fails_its_request_and_the_engine_goes_on(ckpt, monkeypatch, reference):
@@ -327,152 +303,90 @@ def test_api_keys(ckpt, tmp_path):
 # ---------------------------------------------------------------------------------------------------- busy
 
 
-def test_a_full_queue_gives_503_with_retry_after_and_the_time_limit_503(slow_ckpt):
-    s = Server("-m", str(slow_ckpt), "--queue-size", "4", "--batch-limit", "4", "--timeout", "30",
-               "--max-len-b", "400")
+@pytest.mark.parametrize("mode", list(SERVER_MODES))
+def test_a_full_queue_gives_503_and_sigterm_finishes_what_was_accepted(ckpt, reference, mode):
+    """Held, the server takes requests until its queue (4 sentences, over all engines) is full, then 503 with
+    Retry-After; SIGTERM closes the listening socket at once, the accepted requests are answered in full when the
+    decoding goes on, the engine processes stop and the server exits 0."""
+    best = [h[0].text for h in reference(LINES[:12])]
+    s = Server("-m", str(ckpt), "--queue-size", "4", "--batch-limit", "4", *SERVER_MODES[mode])
+    engines = engine_pids(s)  # (none in-process)
+    answers = []
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return await asyncio.gather(*(client.post(s.url + "/translate", json={
+                "q": LINES[i], "source": "en", "target": "de"}) for i in range(12)))
+
+    client = threading.Thread(target=lambda: answers.extend(asyncio.run(burst())))
     try:
-        async def burst():
-            async with httpx.AsyncClient(timeout=120) as client:
-                return await asyncio.gather(*(client.post(s.url + "/translate", json={
-                    "q": LINES[i], "source": "en", "target": "de"}) for i in range(12)))
-
-        answers = asyncio.run(burst())
-        busy = [r for r in answers if r.status_code == 503]
-        assert busy and all("queue full" in error_of(r, 503) for r in busy)
-        assert all(int(r.headers["Retry-After"]) >= 1 for r in busy)
-        assert all(r.status_code == 200 and r.json()["translatedText"] for r in answers if r not in busy)
-        assert len(busy) < len(answers)
-    finally:
-        assert s.stop() == 0
-    s = Server("-m", str(slow_ckpt), "--timeout", "0.3", "--max-len-b", "400")
-    try:
-        r = post(s, {"q": LINES[:4], "source": "en", "target": "de", "beam": 8})
-        assert "longer than this server's limit of 0.3 s" in error_of(r, 503) and r.headers["Retry-After"]
-        r = post(s, {"q": "a cat", "source": "en", "target": "de", "beam": 1, "max_len_b": 2})
-        assert r.status_code == 200  # the server goes on
-        for seed in range(5):  # seeded requests: a search group each
-            assert post(s, {"q": "a cat", "source": "en", "target": "de", "sampling": True, "seed": seed,
-                            "max_len_b": 2}).status_code == 200
-        deadline = time.monotonic() + 30
-        while True:  # nothing is left behind: no sentence queued, the abandoned ones counted, and of the seven
-            # search groups only the one the idle worker waits on (the last seed's)
-            m = httpx.get(s.url + "/info").json()["models"][0]
-            if m["queued"] == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        assert (m["queued"], m["search_groups"], m["dropped"], m["translated"]) == (0, 1, 4, 6)
-    finally:
-        assert s.stop() == 0
-
-
-# ---------------------------------------------------------------------------------------------------- stopping
-
-
-def test_sigterm_finishes_the_request_in_flight_then_exits_0(slow_ckpt, toy_tokenizer_bytes):
-    s = Server("-m", str(slow_ckpt), "--max-len-b", "300")
-    result = {}
-
-    def send():
-        r = post(s, {"q": LINES[:2], "source": "en", "target": "de"})
-        result["status"], result["body"], result["at"] = r.status_code, r.json(), time.monotonic()
-
-    t = threading.Thread(target=send)
-    t.start()
-    deadline = time.monotonic() + 30
-    while httpx.get(s.url + "/info").json()["models"][0]["queued"] == 0:  # the request is in the engine
-        assert time.monotonic() < deadline and t.is_alive()
-        time.sleep(0.01)
-    stopped = time.monotonic()
-    s.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    with pytest.raises(httpx.TransportError):  # no new connections once stopping
-        httpx.get(s.url + "/health", timeout=5)
-    t.join(120)
-    assert s.proc.wait(60) == 0, "".join(s.log)
-    # the request was in the engine when SIGTERM came, and was answered in full after it
-    assert result["status"] == 200 and len(result["body"]["translatedText"]) == 2 and result["at"] > stopped
-
-
-def children(pid: int) -> list[int]:
-    """The processes `pid` started (Linux)."""
-    return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
-
-
-def engine_pid(s: Server) -> int:
-    """The engine process of an `--engine-process` server (the one child that is not multiprocessing's resource
-    tracker)."""
-    for pid in children(s.proc.pid):
-        if "spawn_main" in open(f"/proc/{pid}/cmdline").read():
-            return pid
-    raise AssertionError(f"no engine process among {children(s.proc.pid)}")
-
-
-def wait_queued(s: Server, busy: bool, deadline_s: float = 30) -> dict:
-    """/info's model once sentences are queued (busy) or none is."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        m = httpx.get(s.url + "/info").json()["models"][0]
-        if (m["queued"] > 0) == busy:
-            return m
-        assert time.monotonic() < deadline, m
-        time.sleep(0.01)
-
-
-@pytest.mark.parametrize("threads", ["1", "2"], ids=["one-engine-process", "two-engine-processes"])
-def test_engine_process_time_limit_queue_and_stop(slow_ckpt, threads):
-    """With --engine-process (one, or two sharing the requests): a request past the time limit gets 503 and leaves
-    nothing queued, a full queue (over all engines) 503 with Retry-After, and SIGTERM finishes the request in flight,
-    stops the engine processes and exits 0."""
-    s = Server("-m", str(slow_ckpt), "--engine-process", "--timeout", "0.3", "--max-len-b", "400",
-               "--queue-size", "4", "--batch-limit", "4", "--threads", threads)
-    try:
-        engine = engine_pid(s)
-        r = post(s, {"q": LINES[:4], "source": "en", "target": "de", "beam": 8})
-        assert "longer than this server's limit of 0.3 s" in error_of(r, 503)
-        m = wait_queued(s, busy=False)  # the given-up sentences left the queue (and the engine's search)
-        assert m["queued"] == 0 and m["dropped"] == 4
-        r = post(s, {"q": "a cat", "source": "en", "target": "de", "beam": 1, "max_len_b": 2})
-        assert r.status_code == 200 and r.json()["translatedText"]
-        for q in ["\n", [" ", "a cat\n\n"], "a cat"]:  # lines with nothing to decode finish at once in the engine process
-            assert post(s, {"q": q, "source": "en", "target": "de", "beam": 1, "max_len_b": 2}).status_code == 200
-        assert httpx.get(s.url + "/info").json()["models"][0]["engine_process_requests"] == 0  # none kept there
-
-        result = {}
-
-        def send(key, body):
-            r = httpx.post(s.url + "/translate", json=body, timeout=120)
-            result[key] = (r.status_code, r.json(), r.headers.get("Retry-After"))
-
-        long = threading.Thread(target=send, args=("long", {"q": LINES[:4], "source": "en", "target": "de",
-                                                           "beam": 1}))
-        long.start()
-        wait_queued(s, busy=True)
-        send("full", {"q": "a cat", "source": "en", "target": "de"})  # 4 sentences queued: no room for a 5th
-        assert result["full"][0] == 503 and "queue full" in result["full"][1]["error"] and result["full"][2]
-        s.proc.send_signal(signal.SIGTERM)
-        long.join(120)
+        with held(s):
+            client.start()
+            wait_for(s, lambda m: m["queued"] == 4, "a full queue")
+            full = error_of(post(s, {"q": "a cat", "source": "en", "target": "de"}), 503)
+            assert "queue full" in full
+            s.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 60
+            while True:  # no new connections once stopping
+                try:
+                    httpx.get(s.url + "/health", timeout=5)
+                except httpx.TransportError:
+                    break
+                assert time.monotonic() < deadline, "the server still takes connections after SIGTERM"
+                time.sleep(0.05)
+        client.join(120)
         assert s.proc.wait(60) == 0, "".join(s.log)
     finally:
         s.stop()
-    assert result["long"][0] == 200 and len(result["long"][1]["translatedText"]) == 4  # finished after SIGTERM
-    assert not os.path.exists(f"/proc/{engine}") or "zombie" in open(f"/proc/{engine}/status").read().lower()
+    busy = [r for r in answers if r.status_code == 503]
+    assert len(answers) == 12 and len(busy) == 8
+    assert all("queue full" in error_of(r, 503) and int(r.headers["Retry-After"]) >= 1 for r in busy)
+    assert [r.json()["translatedText"] for r in answers if r not in busy] == \
+        [best[i] for i, r in enumerate(answers) if r not in busy]  # the accepted ones, answered after SIGTERM
+    assert not any(os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read().lower()
+                   for pid in engines)
 
 
-def test_engine_process_that_dies_fails_its_requests_and_the_server_says_so(slow_ckpt):
+@pytest.mark.parametrize("mode", list(SERVER_MODES))
+def test_a_request_past_the_time_limit_gets_503_and_leaves_nothing_behind(ckpt, mode):
+    """A held request runs past the limit: 503 with Retry-After; its sentences leave the queue and the search
+    (counted as dropped), and the server goes on: lines with nothing to decode, other search groups."""
+    s = Server("-m", str(ckpt), "--timeout", "2", *SERVER_MODES[mode])
+    try:
+        with held(s):
+            r = post(s, {"q": LINES[:4], "source": "en", "target": "de", "beam": 8})
+            assert "longer than this server's limit of 2 s" in error_of(r, 503) and r.headers["Retry-After"]
+        wait_for(s, lambda m: m["queued"] == 0 and m["dropped"] == 4, "the given-up sentences dropped")
+        assert post(s, {"q": "a cat", "source": "en", "target": "de", "beam": 1, "max_len_b": 2}).status_code == 200
+        for q in ["\n", [" ", "a cat\n\n"], "a cat"]:  # lines with nothing to decode finish at once
+            assert post(s, {"q": q, "source": "en", "target": "de", "beam": 1, "max_len_b": 2}).status_code == 200
+        for seed in range(5):  # seeded requests: a search group each
+            assert post(s, {"q": "a cat", "source": "en", "target": "de", "sampling": True, "seed": seed,
+                            "max_len_b": 2}).status_code == 200
+        # nothing is left behind: no sentence queued or held by an engine process, the abandoned ones counted, and
+        # of the search groups only the one the idle worker waits on (the last seed's)
+        m = wait_for(s, lambda m: m["translated"] == 8, "the eight sentences with text translated")
+        assert (m["queued"], m["search_groups"], m["dropped"]) == (0, 1, 4)
+        assert m.get("engine_process_requests", 0) == 0
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_engine_process_that_dies_fails_its_requests_and_the_server_says_so(ckpt):
     """If the engine process dies (killed: out of memory), the requests it held get 500, later ones 503, and
     the server still answers /health and stops with exit 0."""
-    s = Server("-m", str(slow_ckpt), "--engine-process", "--max-len-b", "400")
+    s = Server("-m", str(ckpt), "--engine-process")
     try:
         result = {}
 
         def send():
-            r = post(s, {"q": LINES[:2], "source": "en", "target": "de"})
-            result["r"] = r
+            result["r"] = post(s, {"q": LINES[:2], "source": "en", "target": "de"})
 
         t = threading.Thread(target=send)
-        t.start()
-        wait_queued(s, busy=True)
-        os.kill(engine_pid(s), signal.SIGKILL)
+        with held(s):
+            t.start()
+            wait_for(s, lambda m: m["queued"] == 2, "the request queued")
+            os.kill(engine_pid(s), signal.SIGKILL)
         t.join(60)
         assert "the decoding engine process died" in error_of(result["r"], 500)
         assert "the decoding engine process died" in error_of(post(s, {"q": "a cat", "source": "en",

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -268,9 +269,7 @@ def test_a_stop_signal_saves_first_and_does_nothing_else(toy_data_dir, tmp_path,
     monkeypatch.setattr(Trainer, "validate", slow_validate)
     _signal_at(monkeypatch, 5)
     run = tmp_path / "run"
-    start = time.monotonic()
     result = train(small_cfg(toy_data_dir, run, max_steps=1000, average_last=2))
-    assert time.monotonic() - start < 2.0 + 10  # (no 2 s validation inside; generous for a busy machine)
     assert result.stopped_by == "signal" and result.signum == signal.SIGTERM
     assert validations == []
     assert load(run / "checkpoint_last.pt").train_state["step"] == result.step == 7  # the flag is read per update
@@ -359,7 +358,7 @@ def test_max_time_stops_and_time_based_checkpoints_average(toy_data_dir, tmp_pat
     run = tmp_path / "run"
     result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3))
     assert result.stopped_by == "max_time"
-    assert 2.5 <= result.elapsed <= 15
+    assert result.elapsed >= 0.05 * 60  # (stopped by the limit, at the first update past it)
     assert len(periodic_checkpoints(run)) == 3  # saved every 0.05/20 min, pruned to --keep-last
     assert load(run / "averaged.pt").meta["averaged_from"] == [str(p) for p in periodic_checkpoints(run)]
 
@@ -464,7 +463,8 @@ def _updates(run) -> int:
     metrics = run / "metrics.jsonl"
     if not metrics.exists():
         return 0
-    steps = [json.loads(line).get("step", 0) for line in metrics.read_text().splitlines() if '"train"' in line]
+    whole = metrics.read_text().split("\n")[:-1]  # (a line being written has no newline yet)
+    steps = [json.loads(line).get("step", 0) for line in whole if '"train"' in line]
     return max(steps, default=0)
 
 
@@ -662,14 +662,12 @@ def test_cli_trains_then_sigterm_saves_and_exits(toy_data_dir, tmp_path):
     assert "update 12/" in r.stderr and "done: 12 updates" in r.stderr
     # a long run, stopped by SIGTERM: a checkpoint is written and the process exits without a traceback
     proc = subprocess.Popen([sys.executable, "-m", "nmt_cli.cli",
-                             *map(str, _cli_args(toy_data_dir, run, "--max-steps", "100000"))],
+                             *map(str, _cli_args(toy_data_dir, run, "--max-steps", "100000", "--log-every", "1"))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = run / "metrics.jsonl"
-    deadline = time.time() + 60
-    while time.time() < deadline and metrics.read_text().count('"kind": "start"') < 2:
-        time.sleep(0.2)
-    time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
+    try:
+        _wait_for(lambda: _updates(run) > 12, 120, "an update past 12 after the resume")
+    finally:
+        proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM" in err and "Traceback" not in err
@@ -692,14 +690,27 @@ def test_a_run_started_idle_drops_a_thread_when_a_neighbour_arrives(toy_data_dir
     machine goes down to 1 once a busy neighbour takes a core, and says so in metrics.jsonl."""
     monkeypatch.setattr(cpus, "RECHECK_S", 0.3)
     monkeypatch.setattr(cpus, "default_threads", lambda procs=1: cpus.ThreadChoice(2, "2 cores, 0 busy: 2 threads"))
+    real_poll = cpus.Watch.poll
+
+    def poll(self, current):  # the run goes on until a look changes the count (however fast the machine), then stops
+        choice = real_poll(self, current)
+        if choice is not None:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return choice
+
+    monkeypatch.setattr(cpus.Watch, "poll", poll)
     before = torch.get_num_threads()
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    guard = threading.Timer(120, os.kill, (os.getpid(), signal.SIGTERM))  # (ends a run that never sees the neighbour)
+    guard.start()
     try:
-        train(small_cfg(toy_data_dir, tmp_path / "run", threads=None, max_steps=400))  # a few looks long
+        result = train(small_cfg(toy_data_dir, tmp_path / "run", threads=None, max_steps=10**6))
     finally:
+        guard.cancel()
         spinner.kill()
         spinner.wait()
         torch.set_num_threads(before)
+    assert result.stopped_by == "signal"
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [e for e in events if e["kind"] == "start"][0]["threads"] == 2
     changes = [e for e in events if e["kind"] == "threads"]

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from urllib.parse import parse_qsl
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -138,7 +139,9 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def info(request: Request) -> JSONResponse:
-        return JSONResponse(service.info())
+        # on a worker thread: an engine process's counters take a pipe round trip (up to a second when it is
+        # stopped or starved), which must not hold up the other requests
+        return JSONResponse(await run_in_threadpool(service.info))
 
     async def settings(request: Request) -> JSONResponse:
         """LibreTranslate's /frontend/settings, which some clients read for the limits."""

@@ -24,6 +24,7 @@ import multiprocessing
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 from nmt_cli import allocator
@@ -33,6 +34,7 @@ from nmt_cli.serve.engine import Engine, Job, QueueFull, Stopping, Throughput, r
 from nmt_cli.translate import Translator
 
 READY_TIMEOUT_S = 600  # loading a large model from a slow disk
+STATS_TIMEOUT_S = 1.0  # /info waits this long for the engine process's counters, then shows the last ones it sent
 
 
 class EngineProcessError(NmtError):
@@ -98,7 +100,7 @@ def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
         elif kind == "stats":
             with jobs_lock:
                 running = len(jobs)
-            send(("stats", {**engine.stats(), "engine_process_requests": running}))
+            send(("stats", message[1], {**engine.stats(), "engine_process_requests": running}))
         elif kind == "close":
             engine.close(wait=True)
             send(("closed",))
@@ -148,7 +150,10 @@ class RemoteEngine:
         self.answered = Throughput()
         self.closing = False
         self.dead: str | None = None  # why the engine process is gone
-        self.replies: queue.Queue = queue.Queue()  # stats answers
+        self.replies: queue.Queue = queue.Queue()  # stats answers: (number, counters)
+        self.asked = itertools.count()  # stats questions, numbered so that a late answer is never taken for another
+        self.stats_lock = threading.Lock()
+        self.last_stats: dict = {}  # the engine process's counters as it last sent them
         self.closed = threading.Event()
         self.reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
         self.reader.start()
@@ -187,13 +192,20 @@ class RemoteEngine:
             front = {"queued": self.queued, "translated": self.answered.done,
                      "sentences_per_second": round(self.answered.rate, 2)}
         if self.dead:
-            return front
-        self._send(("stats",))
-        try:
-            remote = self.replies.get(timeout=5)
-        except queue.Empty:
-            return front
-        return {**remote, **front}
+            return {**self.last_stats, **front}
+        with self.stats_lock:  # one question at a time
+            number = next(self.asked)
+            self._send(("stats", number))
+            deadline = time.monotonic() + STATS_TIMEOUT_S
+            while (left := deadline - time.monotonic()) > 0:  # a stopped or starved engine process: the last ones
+                try:
+                    answered, counters = self.replies.get(timeout=left)
+                except queue.Empty:
+                    break
+                self.last_stats = counters
+                if answered == number:
+                    break
+            return {**self.last_stats, **front}
 
     def close(self, wait: bool = True, timeout: float | None = None) -> None:
         """Take no new work; the engine process finishes what it accepted, answers it, and ends."""
@@ -236,7 +248,7 @@ class RemoteEngine:
                 job.error = error
                 job.on_finish(job)
             elif kind == "stats":
-                self.replies.put(message[1])
+                self.replies.put(message[1:])
             elif kind == "closed":
                 self.closed.set()
                 return
