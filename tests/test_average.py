@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from nmt_cli.averaging import fewer_message
 from nmt_cli.checkpoint import Checkpoint, load, save
 from nmt_cli.config import preset
 from nmt_cli.errors import CheckpointError
@@ -72,6 +73,19 @@ def test_cli_average_last_n_and_files(tmp_path, toy_tokenizer_bytes):
     assert r.returncode == 0, r.stderr
     for k, v in load(out2).model_state.items():
         torch.testing.assert_close(v, (states[0][k] + states[2][k]) / 2)
+
+
+def test_cli_average_fewer_than_asked_averages_those_there_and_says_so(tmp_path, toy_tokenizer_bytes):
+    """The one rule of nmt train, nmt average --last N and nmt translate --average-last N (see also
+    test_translate.py and test_train.py)."""
+    states = write_run(tmp_path / "run", toy_tokenizer_bytes)
+    out = tmp_path / "avg.pt"
+    r = run_nmt("average", "--last", "5", tmp_path / "run", "-o", out)
+    assert r.returncode == 0, r.stderr
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note:")]
+    assert notes == ["note: " + fewer_message(tmp_path / "run", 3, 5)]
+    for k, v in load(out).model_state.items():
+        torch.testing.assert_close(v, (states[0][k] + states[1][k] + states[2][k]) / 3)
 
 
 def test_cli_average_bad_input(tmp_path, toy_tokenizer_bytes):

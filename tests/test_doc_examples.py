@@ -83,3 +83,28 @@ def test_example_runs(workspace, page, command):
     assert done.returncode == 0, f"docs/{page}: `{command}` failed:\n{done.stderr[-2000:]}"
     out = re.sub(r"\s+", " ", done.stdout + done.stderr)
     assert "Traceback" not in out
+
+
+def test_the_readme_quick_start_runs_on_the_sample_corpus(tmp_path):
+    """The README's four commands as written, on the sample corpus instead of WMT14 and with the tiny preset for a
+    short run instead of base: prepare, train (which writes averaged.pt by default), translate it, score."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("```bash\n")[2].split("```")[0]  # the quick start (the first block is make demo/test)
+    commands = [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    assert [c.split()[:2] for c in commands] == [["nmt", "prepare"], ["nmt", "train"], ["cat", "input.en"],
+                                                  ["nmt", "score"]], commands
+    smaller = {"wmt14-en-de": "sample", "--preset base": "--preset tiny --max-steps 40"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "HF_HUB_OFFLINE": "1"}
+    for command in commands:
+        for real, small in smaller.items():
+            command = command.replace(real, small)
+        if command.startswith("cat input.en"):  # the sample's test split, as input and reference
+            raw = next((tmp_path / "data").iterdir()) / "raw"
+            shutil.copy(raw / "test.en", tmp_path / "input.en")
+            shutil.copy(raw / "test.de", tmp_path / "ref.de")
+        r = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, (command, r.stderr[-2000:])
+    assert "BLEU" in r.stdout and len((tmp_path / "out.de").read_text().splitlines()) == \
+        len((tmp_path / "input.en").read_text().splitlines())

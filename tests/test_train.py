@@ -17,12 +17,20 @@ import torch
 
 from helpers_train import poison_loss
 from nmt_cli import cpus
+from nmt_cli.averaging import fewer_message
 from nmt_cli.checkpoint import load
 from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
 from nmt_cli.training import plan as plan_mod
 from nmt_cli.training.checkpoints import periodic_checkpoints, prune_periodic
-from nmt_cli.training.config import TrainConfig, resolve_batching, resolve_save_minutes
+from nmt_cli.training.config import (
+    TrainConfig,
+    resolve_average_last,
+    resolve_batching,
+    resolve_keep_last,
+    resolve_save_every,
+    resolve_save_minutes,
+)
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
 from nmt_cli.training.plan import plan_run
@@ -92,10 +100,26 @@ def test_the_default_gpu_micro_batch_fits_the_gpu_and_keeps_the_update_size():
     assert resolve_batching(pinned, 1, "cuda", preset("big"), int(16e9)).max_tokens == 25000
 
 
-def test_time_based_saving_scales_with_max_time():
-    assert resolve_save_minutes(TrainConfig("d", "o")) == 10.0
-    assert resolve_save_minutes(TrainConfig("d", "o", max_time=4.5)) == pytest.approx(4.5 / 20)
-    assert resolve_save_minutes(TrainConfig("d", "o", max_time=4.5, save_every_minutes=1)) == 1
+def test_presets_save_by_updates_as_the_paper_and_average_its_last_checkpoints():
+    """base/big: a checkpoint every ~1,400 / 600 updates (the paper's 10 minutes at its speed), the last 5 / 20
+    averaged; a shorter run saves often enough to average its N over at most its last quarter; time only on
+    request (or with --max-time)."""
+    def saving(**kw):
+        cfg = TrainConfig("d", "o", **kw)
+        max_steps = cfg.max_steps or cfg.recipe("max_steps")
+        return resolve_save_every(cfg, max_steps), resolve_average_last(cfg), resolve_save_minutes(cfg)
+
+    assert saving(preset="base") == (1400, 5, None)
+    assert saving(preset="big") == (600, 20, None)
+    assert saving(preset="tiny") == (1000, 5, None)
+    assert saving(preset="tiny", max_steps=1200) == (60, 5, None)  # the demo's: the last 5 of 20
+    assert saving(preset="big", max_steps=8000) == (100, 20, None)
+    assert saving(preset="base", max_steps=10) == (1, 5, None)
+    assert saving(preset="base", save_every=7, average_last=3) == (7, 3, None)
+    assert saving(preset="base", average=False)[1] == 0
+    assert saving(preset="base", max_time=4.5)[2] == pytest.approx(4.5 / 20)
+    assert saving(preset="base", max_time=4.5, save_every_minutes=1)[2] == 1
+    assert resolve_keep_last(TrainConfig("d", "o", preset="big")) == 20
 
 
 # ---- the loop -------------------------------------------------------------------------------------------------
@@ -645,7 +669,7 @@ def test_fp16_loss_scaler_skips_and_counts_overflowed_updates(toy_data_dir, tmp_
     monkeypatch.setattr(plan_mod, "plan_launch", lambda *a, **kw: fp16)  # nmt train refuses fp16 on CPU
     calls = poison_loss(monkeypatch, at=3, factor=float("inf"))
     run = tmp_path / "run"
-    result = train(small_cfg(toy_data_dir, run, max_steps=6, precision="fp16"))
+    result = train(small_cfg(toy_data_dir, run, max_steps=6, precision="fp16", save_every=100))  # one validation
     assert result.step == 6 and result.overflows == 1 and calls["n"] == 7
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["overflows"] for e in events if e["kind"] == "train"][-1] == 1
@@ -653,6 +677,54 @@ def test_fp16_loss_scaler_skips_and_counts_overflowed_updates(toy_data_dir, tmp_
     assert ckpt.train_state["overflows"] == 1
     assert ckpt.train_state["scaler"]["scale"] == FP16_INIT_SCALE / 2  # halved once, not yet grown back
     assert all(torch.isfinite(t).all() for t in ckpt.model_state.values())
+
+
+def _files(run) -> dict:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(run.iterdir()) if p.is_file()}
+
+
+def test_a_finished_run_is_left_as_it_is_and_a_raised_stop_continues_it(toy_data_dir, tmp_path):
+    """Re-running the command of a run that reached its stop says so in one line and changes nothing (no update
+    past it, no checkpoint pruned, no averaged.pt rewritten); raising --max-steps continues it. A short run saves
+    often enough to average; fewer checkpoints than --average-last asks for are averaged all, said in one line;
+    the header says what the warmup and the saving mean for this run; train.log holds what was printed."""
+    run = tmp_path / "run"
+    r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "6", "--save-every", "4", "--average-last", "3"))
+    assert r.returncode == 0, r.stderr
+    assert "lr rises over 10 warmup updates, past this run's 6" in r.stderr
+    assert "a checkpoint every 4 updates; averaged.pt from the last 3 at the end" in r.stderr
+    assert f"note: {fewer_message(run, 2, 3)}" in r.stderr  # checkpoint_4.pt and the final checkpoint_6.pt
+    assert load(run / "averaged.pt").meta["averaged_from"] == [str(run / "checkpoint_4.pt"),
+                                                              str(run / "checkpoint_6.pt")]
+    log = (run / "train.log").read_text()
+    assert "lr rises over 10 warmup updates" in log and "done: 6 updates" in log
+    before = _files(run)
+    r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "6", "--save-every", "4", "--average-last", "3"))
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip() == (f"{run} already reached its stop (update 6 of --max-steps 6); nothing done: raise "
+                                "that stop (--max-steps, --max-time, --max-epochs or --patience) to train further")
+    assert _files(run) == before
+    r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "8", "--save-every", "4", "--average-last", "3"))
+    assert r.returncode == 0, r.stderr
+    assert f"resuming {run} at update 6" in r.stderr and "done: 8 updates" in r.stderr
+    assert load(run / "checkpoint_last.pt").train_state["step"] == 8
+    assert load(run / "averaged.pt").meta["averaged_from"][-1] == str(run / "checkpoint_8.pt")
+
+
+def test_the_header_warns_of_slow_bf16_and_says_where_metrics_go(toy_data_dir, tmp_path, monkeypatch):
+    import importlib.util
+
+    from nmt_cli import precision
+
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
+    events = []
+    train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=2, precision="bf16"), progress=events.append)
+    start = events[0]
+    assert start["kind"] == "start" and "no native bf16" in start["slow_precision"]
+    if importlib.util.find_spec("tensorboard") is None:
+        assert "TensorBoard is not installed" in start["tensorboard_note"]
+    else:
+        assert start["tensorboard_note"] is None and (tmp_path / "run" / "tensorboard").is_dir()
 
 
 def test_cli_trains_then_sigterm_saves_and_exits(toy_data_dir, tmp_path):

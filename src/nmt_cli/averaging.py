@@ -66,12 +66,22 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> Checkpoint:
                       first.target_tokenizer, first.vocab)
 
 
-def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
-    """The newest `n` checkpoint_<step>.pt of `run_dir` (fewer if fewer exist); CheckpointError if none."""
+def last_checkpoints(run_dir: str | os.PathLike, n: int, note=None) -> list[Path]:
+    """The newest `n` checkpoint_<step>.pt of `run_dir`; CheckpointError if none.
+
+    The one rule of `nmt train`, `nmt average --last N` and `nmt translate --average-last N` when fewer than `n`
+    exist: the ones there are averaged, and `note(message)` hears it in one line (`fewer_message`)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir} is not a directory; --last N takes the run directory of nmt train")
     paths = periodic_checkpoints(run_dir)
     if not paths:
         raise CheckpointError(f"{run_dir} has no checkpoint_<step>.pt files to average; pass checkpoint files instead")
+    if len(paths) < n and note is not None:
+        note(fewer_message(run_dir, len(paths), n))
     return paths[-n:]
+
+
+def fewer_message(run_dir: str | os.PathLike, found: int, wanted: int) -> str:
+    return (f"{run_dir} holds {found} checkpoint_<step>.pt of the {wanted} asked for: averaged those {found} (save "
+            "more often, --save-every N, to average more)")

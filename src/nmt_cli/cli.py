@@ -26,7 +26,7 @@ app = typer.Typer(
     epilog="""\
 Examples:
   nmt prepare wmt14-en-de -o data/ende     # download, clean, BPE, binarize
-  nmt train data/ende -o runs/base --preset base --average-last 5
+  nmt train data/ende -o runs/base --preset base   # writes averaged.pt
   nmt translate -m runs/base/averaged.pt < in.en > out.de
   nmt score -r ref.de < out.de
   nmt export ctranslate2 runs/base/averaged.pt -o ende-ct2

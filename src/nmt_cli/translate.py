@@ -138,15 +138,6 @@ class Warner:
 # ---------------------------------------------------------------------------------------------------- models
 
 
-def last_checkpoints(directory: Path, n: int) -> list[Path]:
-    """The `n` newest checkpoint_<step>.pt of a run directory; CheckpointError when it holds fewer."""
-    found = averaging.last_checkpoints(directory, n)
-    if len(found) < n:
-        raise CheckpointError(f"{directory}: --average-last {n} needs {n} checkpoint_<step>.pt files, found "
-                              f"{len(found)}; lower N or pass a checkpoint file")
-    return found
-
-
 average_checkpoints = averaging.average_checkpoints
 
 
@@ -163,7 +154,7 @@ def load_checkpoints(models: Iterable[str | Path], average_last: int | None = No
             path = Path(item)
             if not path.is_dir():
                 raise CheckpointError(f"{path}: --average-last needs a run directory holding checkpoints")
-            out.append(average_checkpoints(last_checkpoints(path, average_last)))
+            out.append(average_checkpoints(averaging.last_checkpoints(path, average_last, note)))
         elif not hub.is_hub_ref(item) and Path(item).is_dir() and not marian.is_marian(item):
             raise CheckpointError(f"{item} is a directory; pass a checkpoint file (or a MarianMT model folder), or "
                                   "add --average-last N")

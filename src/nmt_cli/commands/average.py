@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         if last is not None:
             if len(inputs) != 1 or hub.is_hub_ref(inputs[0]):
                 raise usage_error("--last N takes exactly one local run directory (nmt average --last 5 RUN_DIR -o FILE)")
-            paths = last_checkpoints(Path(inputs[0]), last)
+            paths = last_checkpoints(Path(inputs[0]), last, note_line)
         else:
             paths = [hub.resolve(item, note_line) for item in inputs]
             if any(p.is_dir() for p in paths):
@@ -51,5 +51,4 @@ def register(app: typer.Typer) -> None:
             raise usage_error(f"-o {output} is one of the inputs; write the average to another file")
         ckpt = average_checkpoints(paths)
         save(ckpt, output)
-        note = f" (only {len(paths)} of the {last} asked for exist)" if last and len(paths) < last else ""
-        typer.echo(f"averaged {len(paths)} checkpoints{note} -> {output}", err=True)
+        typer.echo(f"averaged {len(paths)} checkpoints -> {output}", err=True)

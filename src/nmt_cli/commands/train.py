@@ -21,14 +21,15 @@ _HELP = (
     "Adam (0.9, 0.98, 1e-9), the inverse-square-root schedule, label smoothing 0.1 and about 25000 target tokens "
     "per update (--max-tokens x --update-freq x processes; --update-freq auto reaches it).\n\n"
     "RUN_DIR gets checkpoint_last.pt (to resume), checkpoint_best.pt (lowest validation loss, or highest BLEU with "
-    "--valid-bleu), the last --keep-last checkpoint_<step>.pt and, with --average-last, averaged.pt. A run resumes "
-    "by itself when RUN_DIR holds checkpoint_last.pt. Ctrl-C saves a checkpoint and exits."
+    "--valid-bleu), a checkpoint_<step>.pt every --save-every updates (the last --keep-last kept), averaged.pt "
+    "(the mean of the last --average-last: the paper's 5, big 20), metrics.jsonl and train.log. A run resumes by "
+    "itself when RUN_DIR holds checkpoint_last.pt; one that already reached its stop is left as it is. Ctrl-C "
+    "saves a checkpoint and exits."
 )
 _EPILOG = """\
 Examples:
-  nmt train data/ende -o runs/base --preset base --average-last 5
-  nmt train data/ende -o runs/big --preset big --gpus 8 --precision bf16 \\
-      --average-last 20
+  nmt train data/ende -o runs/base --preset base
+  nmt train data/ende -o runs/big --preset big --gpus 8 --precision bf16
   nmt train data/sample -o runs/tiny --preset tiny --max-time 5
   nmt train data/ende -o runs/b1 --gpus 1 --update-freq auto  # 8 GPUs' batch
   nmt train data/med -o runs/ft --init-from hf:Helsinki-NLP/opus-mt-en-de \\
@@ -79,17 +80,22 @@ def register(app: typer.Typer) -> None:
                                        help="Stop after this many minutes of training."),
         patience: int = typer.Option(None, "--patience", min=1, metavar="N", rich_help_panel=_STOP,
                                      help="Stop after N validations without improvement."),
-        save_every: int = typer.Option(None, "--save-every", min=1, metavar="N", rich_help_panel=_SAVE,
-                                       help="Save a checkpoint every N updates."),
+        save_every: int = typer.Option(
+            None, "--save-every", min=1, metavar="N", rich_help_panel=_SAVE,
+            show_default="tiny 1000, base 1400, big 600; a shorter run: max-steps / (4 x --average-last)",
+            help="Save a checkpoint every N updates (base and big: the paper's 10 minutes at its speed)."),
         save_every_minutes: float = typer.Option(
             None, "--save-every-minutes", min=0.01, metavar="MINUTES", rich_help_panel=_SAVE,
-            show_default="10 as in the paper; max-time/20 below --max-time 200",
-            help="Save a checkpoint every this many minutes."),
+            show_default="none; max-time/20 (at most 10) with --max-time",
+            help="Also save a checkpoint every this many minutes."),
         keep_last: int = typer.Option(None, "--keep-last", min=1, metavar="K", rich_help_panel=_SAVE,
                                       show_default="max(5, --average-last)",
                                       help="Keep the last K checkpoint_<step>.pt files."),
         average_last: int = typer.Option(None, "--average-last", min=1, metavar="N", rich_help_panel=_SAVE,
+                                         show_default="5; big 20 (the paper)",
                                          help="At the end, write averaged.pt from the last N checkpoints."),
+        average: bool = typer.Option(True, "--average/--no-average", rich_help_panel=_SAVE,
+                                     help="Write averaged.pt at the end."),
         resume: bool = typer.Option(None, "--resume/--no-resume", rich_help_panel=_SAVE,
                                     show_default="resume when RUN_DIR holds checkpoint_last.pt",
                                     help="Resume from RUN_DIR/checkpoint_last.pt, or start afresh."),
@@ -178,7 +184,7 @@ def register(app: typer.Typer) -> None:
             max_tokens=max_tokens, update_freq=update_freq, update_tokens=update_tokens,
             max_steps=max_steps, max_epochs=max_epochs, max_time=max_time, patience=patience,
             save_every=save_every, save_every_minutes=save_every_minutes, keep_last=keep_last,
-            average_last=average_last, resume=resume, valid_every=valid_every, valid_bleu=valid_bleu,
+            average_last=average_last, average=average, resume=resume, valid_every=valid_every, valid_bleu=valid_bleu,
             valid_beam=valid_beam, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
             compile=compile, compile_shapes=compile_shapes.value, seed=seed, log_every=log_every,
             dist_timeout=dist_timeout,
@@ -195,6 +201,10 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(130) from None
         finally:
             display.close()
+        if result.already is not None:
+            display.line(f"{output} already reached its stop ({result.already}); nothing done: raise that stop "
+                         "(--max-steps, --max-time, --max-epochs or --patience) to train further")
+            return
         if result.ranks_agree is False:
             display.line("warning: the processes ended with different weights (a bug); please report it")
         if result.signum is not None:
@@ -212,6 +222,10 @@ def _fmt_time(seconds: float | None) -> str:
     return f"{h}:{rest // 60:02d}:{rest % 60:02d}"
 
 
+def _fmt_interval(seconds: float) -> str:
+    return f"{seconds:.3g} s" if seconds < 60 else f"{seconds / 60:.3g} min"
+
+
 def _fmt_valid(e: dict) -> str:
     """The validation figures under the names metrics.jsonl uses (valid_nll is what "best" tracks unless
     --valid-bleu)."""
@@ -221,9 +235,13 @@ def _fmt_valid(e: dict) -> str:
     return text + (f"  (best {e['criterion']} so far)" if e.get("improved") else "")
 
 
+TRAIN_LOG = "train.log"
+
+
 class Display:
     """Renders training events: a rich live panel on a terminal, plain lines (every --log-every updates or 30 s)
-    otherwise. Everything goes to stderr."""
+    otherwise. Everything goes to stderr, and from the run's start on also to RUN_DIR/train.log (each line with
+    its time; the status every --log-every updates)."""
 
     def __init__(self, live: bool, log_every: int):
         from rich.console import Console
@@ -234,9 +252,20 @@ class Display:
         self._last_render = 0.0
         self._max_steps = None
         self.last_saved: int | None = None  # the update checkpoint_last.pt holds (this run's saves, or resumed)
+        self.log_path: Path | None = None  # train.log, once the run has started
 
     def line(self, text: str) -> None:
         self.console.print(text, markup=False) if self._live is None else self._live.console.print(text, markup=False)
+        self._log(text)
+
+    def _log(self, text: str) -> None:
+        if self.log_path is None:
+            return
+        try:
+            with open(self.log_path, "a", encoding="utf-8") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} | {text}\n")
+        except OSError:  # a full disk must not stop training (metrics.jsonl and the checkpoints say the rest)
+            self.log_path = None
 
     def __call__(self, e: dict) -> None:
         kind = e["kind"]
@@ -254,6 +283,8 @@ class Display:
             self.line(f"update {e['step']}: fp16 gradient overflow, update skipped ({e['overflows']} so far)")
         elif kind == "threads":
             self.line(f"update {e['step']}: threads: {e['reason']} (the load changed)")
+        elif kind == "note":
+            self.line(f"note: {e['message']}")
         elif kind == "averaged":
             self.line(f"averaged the last {e['n']} checkpoints -> {e['path']}")
         elif kind == "end":
@@ -265,6 +296,7 @@ class Display:
 
     def _start(self, e: dict) -> None:
         self._max_steps = e["max_steps"]
+        self.log_path = Path(e["out_dir"]) / TRAIN_LOG
         where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
         if e.get("stale_tmp_removed"):
             self.line(f"removed {e['stale_tmp_removed']} temporary file(s) ({e['stale_tmp_bytes'] / 2**20:.0f} MB) "
@@ -290,8 +322,22 @@ class Display:
             stops.append(f"{e['max_time']:g} minutes")
         if e["max_epochs"]:
             stops.append(f"{e['max_epochs']} epochs")
-        self.line(f"lr peak {e['peak_lr']:.3g} at update {e['warmup']}; stop at {' or '.join(stops)}; "
-                  f"checkpoint every {e['save_minutes']:g} min")
+        if e["warmup"] <= e["max_steps"]:
+            lr = f"lr rises to its peak {e['peak_lr']:.3g} at update {e['warmup']}, then falls as 1/sqrt(update)"
+        else:
+            lr = (f"lr rises over {e['warmup']} warmup updates, past this run's {e['max_steps']}: it ends at "
+                  f"{e['lr_at_end']:.3g}, below the peak {e['peak_lr']:.3g}")
+        self.line(f"{lr}; stop at {' or '.join(stops)}")
+        saves = f"a checkpoint every {e['save_every']} updates"
+        if e.get("save_minutes"):
+            saves += f" and every {_fmt_interval(e['save_minutes'] * 60)}"
+        average = (f"averaged.pt from the last {e['average_last']} at the end" if e.get("average_last")
+                   else "no averaged.pt (--no-average)")
+        self.line(f"{saves}; {average}")
+        if e.get("slow_precision"):
+            self.line(f"warning: {e['slow_precision']}")
+        if e.get("tensorboard_note"):
+            self.line(f"note: {e['tensorboard_note']}")
         if self.live:
             from rich.live import Live
 
@@ -314,7 +360,7 @@ class Display:
                 self._live.update(Text(self._status(e)))
                 self._last_render = now
             if e["step"] % self.log_every == 0:
-                self._live.console.print(self._status(e), markup=False)
+                self.line(self._status(e))
         elif e["step"] % self.log_every == 0 or now - self._last_plain >= 30:
             self.line(self._status(e))
             self._last_plain = now

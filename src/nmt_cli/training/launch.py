@@ -10,6 +10,7 @@ import sys
 import threading
 
 from nmt_cli.errors import NmtError, TrainingError
+from nmt_cli.training.checkpoints import AVERAGED, LAST
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.loop import Progress, Trainer, TrainResult
 from nmt_cli.training.plan import RunPlan, agree_on_resume, plan_run, write_run_config
@@ -24,7 +25,11 @@ def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | No
                        on_stall)
     finished = False
     try:
-        result = Trainer(agree_on_resume(plan, rt), rt, progress).fit()
+        plan = agree_on_resume(plan, rt)
+        if plan.finished:  # (under torchrun: rank 0 found the run done, and every rank ends)
+            finished = True
+            return finished_result(plan)
+        result = Trainer(plan, rt, progress).fit()
         finished = True
         return result
     except RuntimeError as exc:  # gloo/NCCL: "Connection reset by peer", a timeout...
@@ -38,6 +43,15 @@ def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | No
                             "--max-restarts restart it") from exc
     finally:
         shutdown_process(rt, finished)
+
+
+def finished_result(plan: RunPlan) -> TrainResult:
+    """The result of a run that had already reached its stop: nothing trained, nothing written."""
+    done, out = plan.finished, plan.out_dir
+    averaged = out / AVERAGED
+    return TrainResult(out_dir=str(out), step=done["step"], epoch=done["epoch"], elapsed=done["elapsed"],
+                       stopped_by="already", last=str(out / LAST),
+                       averaged=str(averaged) if averaged.exists() else None, already=done["reason"])
 
 
 _AGREED_ERROR = 3  # a spawned rank's exit code for an error that rank 0 raises and reports too
@@ -80,9 +94,11 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
     """Train as `cfg` says; returns where the checkpoints are and how the run ended."""
     plan = plan_run(cfg)
     env = torchrun_env()
+    if env is None and plan.finished:
+        return finished_result(plan)
     if env is not None:
         rank, _, local_rank = env
-        if rank == 0:
+        if rank == 0 and not plan.finished:
             write_run_config(plan)
         return run_process(plan, rank, local_rank, "env://" if plan.launch.distributed else None,
                            progress if rank == 0 else None)

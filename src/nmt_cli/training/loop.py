@@ -33,12 +33,13 @@ from nmt_cli.data.batching import bucket_shape, epoch_batches, make_batches, pad
 from nmt_cli.data.store import Batch, ParallelData, collate, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
 from nmt_cli.memory import SAFETY, OutOfMemory, out_of_memory_advice
+from nmt_cli.precision import slow_bf16_warning
 from nmt_cli.training.checkpoints import (
     AVERAGED,
     BEST,
     LAST,
     average_checkpoints,
-    periodic_checkpoints,
+    last_checkpoints,
     periodic_name,
     prune_periodic,
     rng_state,
@@ -47,7 +48,7 @@ from nmt_cli.training.checkpoints import (
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.training.metrics_log import MetricsLog, Window
 from nmt_cli.training.plan import RunPlan, _plain, write_run_config
-from nmt_cli.training.runtime import Runtime
+from nmt_cli.training.runtime import DTYPES, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 from nmt_cli.training.signals import StopSignals
 
@@ -83,7 +84,7 @@ class TrainResult:
     step: int
     epoch: int
     elapsed: float  # seconds of training (cumulative over resumes)
-    stopped_by: str  # max_steps | max_epochs | max_time | patience | signal
+    stopped_by: str  # max_steps | max_epochs | max_time | patience | signal | already (see `already`)
     last: str
     best: str | None = None
     averaged: str | None = None
@@ -95,6 +96,7 @@ class TrainResult:
     signum: int | None = None
     history: list = field(default_factory=list)
     ranks_agree: bool | None = None  # distributed runs: every rank ended with bitwise identical weights
+    already: str | None = None  # the run had reached this stop before this command: nothing was trained
 
 
 class Trainer:
@@ -478,7 +480,10 @@ class Trainer:
                 self.batches, self.train_data.src_lengths, self.train_data.tgt_lengths, self.batch_shape),
             "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, self.cfg.lr), "warmup": plan.warmup,
             "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
-            "save_minutes": plan.save_minutes, "resumed_at": self.step if plan.resume_from else None,
+            "save_every": plan.save_every, "save_minutes": plan.save_minutes, "average_last": plan.average_last,
+            "lr_at_end": inverse_sqrt_lr(plan.max_steps, plan.model_config.d_model, plan.warmup, self.cfg.lr),
+            "slow_precision": slow_bf16_warning(DTYPES.get(self.rt.precision), self.rt.device),
+            "resumed_at": self.step if plan.resume_from else None,
             "stale_tmp_removed": self._stale[0], "stale_tmp_bytes": self._stale[1],
             "out_dir": str(self.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
         }
@@ -514,7 +519,7 @@ class Trainer:
     def _fit(self) -> TrainResult:
         cfg, plan, rt = self.cfg, self.plan, self.rt
         metrics = MetricsLog(self.out_dir, rt.is_main)
-        start = self._start_event()
+        start = {**self._start_event(), "tensorboard_note": metrics.note}
         metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
         self._emit(start)
         window, history, valid, stopped_by = Window(), [], None, "max_steps"
@@ -530,7 +535,7 @@ class Trainer:
                 t0 = time.monotonic()
                 self.elapsed = elapsed_before + t0 - session_start
                 out_of_time = bool(cfg.max_time) and self.elapsed >= cfg.max_time * 60
-                time_to_save = t0 - last_save >= plan.save_minutes * 60
+                time_to_save = plan.save_minutes is not None and t0 - last_save >= plan.save_minutes * 60
                 micro = self._next_micro_batches()
                 if micro is None:
                     stopped_by = "max_epochs"
@@ -565,7 +570,7 @@ class Trainer:
                 if stats.stop:
                     stopped_by = "signal" if signals.signum is not None else "max_time"
                     break
-                save_due = stats.save or bool(cfg.save_every and self.step % cfg.save_every == 0)
+                save_due = stats.save or self.step % plan.save_every == 0
                 if save_due or (cfg.valid_every and self.step % cfg.valid_every == 0):
                     window.add_losses(*self._read_losses(pending))  # never validate or save a diverged model
                     valid, validated_at = self._validate_and_track(metrics), self.step
@@ -621,10 +626,10 @@ class Trainer:
         return valid
 
     def _average_at_end(self) -> str | None:
-        n = self.cfg.average_last
+        n = self.plan.average_last
         if not n or not self.rt.is_main:
             return None
-        paths = periodic_checkpoints(self.out_dir)[-n:]
+        paths = last_checkpoints(self.out_dir, n, lambda message: self._emit({"kind": "note", "message": message}))
         ckpt = average_checkpoints(paths)
         save(ckpt, self.out_dir / AVERAGED)
         self._emit({"kind": "averaged", "path": str(self.out_dir / AVERAGED), "n": len(paths), "wanted": n})

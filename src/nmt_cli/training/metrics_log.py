@@ -17,16 +17,22 @@ class MetricsLog:
         self.enabled = enabled
         self.file = open(out_dir / METRICS_JSONL, "a") if enabled else None
         self.tb = None
+        self.note: str | None = None  # why there are no TensorBoard events (the run's header says it)
         if enabled:
             import importlib.util
 
-            if importlib.util.find_spec("tensorboard") is not None:
+            if importlib.util.find_spec("tensorboard") is None:
+                self.note = ("TensorBoard is not installed: the metrics go to metrics.jsonl and train.log only "
+                             "(pip install tensorboard for RUN_DIR/tensorboard)")
+            else:
                 try:
                     from torch.utils.tensorboard import SummaryWriter
 
                     self.tb = SummaryWriter(str(out_dir / "tensorboard"))
-                except Exception:  # a broken tensorboard install must not stop training
-                    self.tb = None
+                except Exception as exc:  # a broken tensorboard install must not stop training
+                    self.note = (f"TensorBoard could not start ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0][:100] if str(exc) else ''}): the metrics go to "
+                                 "metrics.jsonl and train.log only")
 
     def write(self, record: dict) -> None:
         if not self.enabled:

@@ -22,8 +22,10 @@ from nmt_cli.training.checkpoints import LAST
 from nmt_cli.training.config import (
     BatchPlan,
     TrainConfig,
+    resolve_average_last,
     resolve_batching,
     resolve_keep_last,
+    resolve_save_every,
     resolve_save_minutes,
 )
 from nmt_cli.training.runtime import Launch, Runtime, plan_launch, torchrun_env
@@ -42,10 +44,13 @@ class RunPlan:
     batching: BatchPlan
     warmup: int
     max_steps: int
-    save_minutes: float
+    save_every: int  # updates between checkpoints
+    save_minutes: float | None  # and minutes, when the run saves by time too (--save-every-minutes, --max-time)
     keep_last: int
+    average_last: int  # checkpoints averaged into averaged.pt at the end (0: none)
     langs: dict
     resume_from: str | None
+    finished: dict | None  # RUN_DIR's run already reached this run's stop (nothing is trained): `_finished`
     init_from: str | None  # a checkpoint file whose weights start the run (fine-tuning), when not resuming
     has_valid: bool
     mean_tgt_tokens: float  # real target tokens per micro-batch, on average
@@ -97,13 +102,16 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     env = torchrun_env()
     # Rank 0 decides whether and from where to resume (`agree_on_resume`): the other ranks' run directories may
     # not be the same storage (several nodes), and a rank refusing here would leave the others waiting for it.
-    resume_from = (_check_resume(cfg, out_dir, model_config, tokenizer.key())
-                   if env is None or env[0] == 0 else None)
+    max_steps = cfg.max_steps or cfg.recipe("max_steps")
+    resume_from, state = (_check_resume(cfg, out_dir, model_config, tokenizer.key())
+                          if env is None or env[0] == 0 else (None, None))
     return RunPlan(
         cfg=cfg, launch=launch, model_config=model_config, batching=batching,
-        warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=cfg.max_steps or cfg.recipe("max_steps"),
-        save_minutes=resolve_save_minutes(cfg), keep_last=resolve_keep_last(cfg),
+        warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=max_steps,
+        save_every=resolve_save_every(cfg, max_steps), save_minutes=resolve_save_minutes(cfg),
+        keep_last=resolve_keep_last(cfg), average_last=resolve_average_last(cfg),
         langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
+        finished=_finished(cfg, state, max_steps),
         init_from=init_from, has_valid="valid" in manifest["splits"],
         mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
         **_threads(cfg, launch, env),
@@ -158,12 +166,15 @@ def _init_from(cfg: TrainConfig, tokenizer) -> tuple[ModelConfig, str]:
     return dataclasses.replace(ckpt.model_config, **cfg.model).validate(), origin["path"]
 
 
-def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, tokenizer: tuple) -> str | None:
+def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig,
+                  tokenizer: tuple) -> tuple[str | None, dict | None]:
+    """(the checkpoint to resume from, its training state) or (None, None) for a new run; one-line errors when
+    RUN_DIR's run cannot be resumed as asked."""
     last = out_dir / LAST
     if not last.exists():
         if cfg.resume:
             raise CheckpointError(f"--resume: {last} does not exist; drop --resume to start a new run")
-        return None
+        return None, None
     if cfg.resume is False:
         raise ConfigError(f"--no-resume: {out_dir} already holds a run ({LAST}), which nmt never overwrites; "
                           "pick another -o, remove that directory, or drop --no-resume to resume it")
@@ -179,7 +190,31 @@ def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, to
     if ckpt.tokenizer_key() != tokenizer:
         raise CheckpointError(f"{last} was trained with another tokenizer than {cfg.data_dir}/{SPM_MODEL}; "
                               "resume with the same data directory, or pick another -o")
-    return str(last)
+    return str(last), ckpt.train_state
+
+
+def _finished(cfg: TrainConfig, state: dict | None, max_steps: int) -> dict | None:
+    """{"reason", "step", "epoch", "elapsed"} of a run that already reached one of `cfg`'s stops, else None."""
+    reason = None if state is None else finished_stop(cfg, state, max_steps)
+    if reason is None:
+        return None
+    return {"reason": reason, "step": int(state["step"]), "epoch": int(state.get("epoch", 1)),
+            "elapsed": float(state.get("elapsed", 0.0))}
+
+
+def finished_stop(cfg: TrainConfig, state: dict, max_steps: int) -> str | None:
+    """Whether a run at training state `state` has already reached one of `cfg`'s stops: the reason in words, or
+    None. Such a run is left as it is (re-running its command changes nothing); raising the stop continues it."""
+    step, elapsed = int(state["step"]), float(state.get("elapsed", 0.0))
+    if step >= max_steps:
+        return f"update {step} of --max-steps {max_steps}"
+    if cfg.max_time and elapsed >= cfg.max_time * 60:
+        return f"{elapsed / 60:.2f} minutes of training of --max-time {cfg.max_time:g}"
+    if cfg.max_epochs and int(state.get("epoch", 1)) > cfg.max_epochs:
+        return f"the end of epoch {cfg.max_epochs} of --max-epochs {cfg.max_epochs}"
+    if cfg.patience and int(state.get("bad_valids", 0)) >= cfg.patience:
+        return f"{state.get('bad_valids')} validations without improvement of --patience {cfg.patience}"
+    return None
 
 
 
@@ -200,9 +235,13 @@ def agree_on_resume(plan: RunPlan, rt: Runtime) -> RunPlan:
     if not rt.distributed:
         return plan
     decision = None
-    if rt.is_main and plan.resume_from is not None:
+    if rt.is_main and plan.finished:  # nothing to train: every rank ends (`run_process`)
+        decision = {"finished": plan.finished}
+    elif rt.is_main and plan.resume_from is not None:
         decision = {"path": plan.resume_from, "sha256": file_sha256(plan.resume_from)}
     decision = rt.broadcast_object(decision)
+    if decision is not None and "finished" in decision:
+        return dataclasses.replace(plan, finished=decision["finished"])
     problem = None
     if decision is not None and not rt.is_main:
         path = Path(decision["path"])
@@ -232,7 +271,8 @@ def write_run_config(plan: RunPlan) -> None:
         "max_tokens": plan.batching.max_tokens, "update_freq": plan.batching.update_freq,
         "update_tokens": plan.batching.update_tokens, "max_tokens_per_update": plan.batching.max_tokens_per_update,
         "warmup": plan.warmup, "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, plan.cfg.lr),
-        "max_steps": plan.max_steps, "save_every_minutes": plan.save_minutes, "keep_last": plan.keep_last,
+        "max_steps": plan.max_steps, "save_every": plan.save_every, "save_every_minutes": plan.save_minutes,
+        "keep_last": plan.keep_last, "average_last": plan.average_last,
         "langs": plan.langs, "resumed_from": plan.resume_from,
     }
     atomic_write(out / CONFIG_JSON, lambda f: f.write((json.dumps(resolved, indent=2) + "\n").encode()))
