@@ -11,7 +11,8 @@ from pathlib import Path
 import typer
 
 from nmt_cli import defaults
-from nmt_cli.commands.helpformat import Command
+from nmt_cli.commands.helpformat import usage
+from nmt_cli.commands.messages import usage_error
 from nmt_cli.commands.options import int_or_auto
 from nmt_cli.precision import TrainPrecision
 
@@ -22,7 +23,9 @@ _HELP = (
     "per update (--max-tokens x --update-freq x processes; --update-freq auto reaches it).\n\n"
     "RUN_DIR gets checkpoint_last.pt (to resume), checkpoint_best.pt (lowest validation loss, or highest BLEU with "
     "--valid-bleu), the last --keep-last checkpoint_<step>.pt and, with --average-last, averaged.pt. A run resumes "
-    "by itself when RUN_DIR holds checkpoint_last.pt. Ctrl-C saves a checkpoint and exits."
+    "by itself when RUN_DIR holds checkpoint_last.pt. Ctrl-C saves a checkpoint and exits.\n\n"
+    "RUN_DIR/config.yaml gets the run's recipe (model, recipe, data, machine): --config FILE reads such a file, "
+    "whose values options given on the command line override, and --print-config prints the one a run would use."
 )
 _EPILOG = """\
 Examples:
@@ -31,6 +34,9 @@ Examples:
       --average-last 20
   nmt train data/sample -o runs/tiny --preset tiny --max-time 5
   nmt train data/ende -o runs/b1 --gpus 1 --update-freq auto  # 8 GPUs' batch
+  nmt train --print-config --preset big > big.yaml  # edit it, then:
+  nmt train --config big.yaml data/ende -o runs/big2
+  nmt train --config runs/base/config.yaml -o runs/b2 --seed 2  # run it again
   nmt train data/med -o runs/ft --init-from hf:Helsinki-NLP/opus-mt-en-de \\
       --lr 5e-5 --warmup 500 --max-steps 5000  # fine-tune an OPUS-MT model
 
@@ -58,11 +64,23 @@ class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
+    @app.command("train", cls=usage("DATA_DIR -o RUN_DIR [OPTIONS]", "--config FILE [DATA_DIR] [-o RUN_DIR] [OPTIONS]",
+                                    "--print-config [--preset P] [OPTIONS]"),
+                 short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
     def train(
-        data_dir: Path = typer.Argument(..., metavar="DATA_DIR", help="Data directory written by nmt prepare."),
-        output: Path = typer.Option(..., "-o", "--output", metavar="RUN_DIR",
-                                    help="Run directory for checkpoints and logs."),
+        ctx: typer.Context,
+        data_dir: Path = typer.Argument(None, metavar="DATA_DIR", show_default=False,
+                                        help="Data directory written by nmt prepare (with --config: its data_dir "
+                                             "when not given)."),
+        output: Path = typer.Option(None, "-o", "--output", metavar="RUN_DIR", show_default=False,
+                                    help="Run directory for checkpoints and logs (with --config: its out_dir when "
+                                         "not given)."),
+        config: Path = typer.Option(None, "--config", metavar="FILE",
+                                    help="Read the recipe from this YAML file (a run's config.yaml, or what "
+                                         "--print-config prints); options given here override it."),
+        print_config: bool = typer.Option(False, "--print-config",
+                                          help="Print the recipe a run would use as YAML (the preset's, with the "
+                                               "options given) and exit; DATA_DIR is not needed."),
         preset: Preset = typer.Option(Preset.base, "--preset", help="Model size and recipe defaults."),
         init_from: str = typer.Option(
             None, "--init-from", metavar="MODEL",
@@ -162,18 +180,15 @@ def register(app: typer.Typer) -> None:
                                       help="Updates between log lines."),
     ) -> None:
         from nmt_cli import cpus
+        from nmt_cli.training import recipe_file
         from nmt_cli.training.config import TrainConfig
-        from nmt_cli.training.launch import train as run_training
-
-        if threads is None:
-            cpus.start()  # the free cores, sampled while the run is planned
 
         model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
                  "attention_dropout": attention_dropout,
                  "encoder_layers": encoder_layers or layers, "decoder_layers": decoder_layers or layers}
-        cfg = TrainConfig(
-            data_dir=str(data_dir), out_dir=str(output), preset=preset.value, init_from=init_from,
-            model={k: v for k, v in model.items() if v is not None},
+        options = dict(
+            data_dir=None if data_dir is None else str(data_dir), out_dir=None if output is None else str(output),
+            preset=preset.value, init_from=init_from, model={k: v for k, v in model.items() if v is not None},
             lr=lr or None, warmup=warmup, label_smoothing=label_smoothing, clip_norm=clip_norm,
             max_tokens=max_tokens, update_freq=update_freq, update_tokens=update_tokens,
             max_steps=max_steps, max_epochs=max_epochs, max_time=max_time, patience=patience,
@@ -183,6 +198,20 @@ def register(app: typer.Typer) -> None:
             compile=compile, compile_shapes=compile_shapes.value, seed=seed, log_every=log_every,
             dist_timeout=dist_timeout,
         )
+        if config is not None:
+            options = _over_file(recipe_file.read(config), options, _typed_options(ctx))
+        if print_config:
+            typer.echo(recipe_file.preview(TrainConfig(**options).validate()), nl=False)
+            return
+        for key, what in (("data_dir", "argument DATA_DIR"), ("out_dir", "option -o / --output RUN_DIR")):
+            if options[key] is None:
+                where = f"; {config} has no {'data.' if key == 'data_dir' else ''}{key}" if config else ""
+                raise usage_error(f"missing {what}{where}")
+        if threads is None and options["threads"] is None:
+            cpus.start()  # the free cores, sampled while the run is planned
+        from nmt_cli.training.launch import train as run_training
+
+        cfg = TrainConfig(**options)
         display = Display(live=sys.stderr.isatty(), log_every=log_every)
         try:
             result = run_training(cfg, progress=display)
@@ -202,6 +231,28 @@ def register(app: typer.Typer) -> None:
             display.line(f"stopped by {name} at update {result.step}; saved {result.last}; "
                          "run the same command to resume")
             raise typer.Exit(128 + result.signum)
+
+
+_OPTION_FIELD = {"output": "out_dir"}  # command-line parameters named otherwise than their TrainConfig field
+_MODEL_OPTIONS = ("d_model", "d_ff", "heads", "layers", "encoder_layers", "decoder_layers", "dropout",
+                  "attention_dropout")  # go to TrainConfig.model, where they are given only when typed
+
+
+def _typed_options(ctx: typer.Context) -> set[str]:
+    """The TrainConfig fields the command line gave explicitly (not left at their defaults)."""
+    typed = set()
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP") and name not in _MODEL_OPTIONS:
+            typed.add(_OPTION_FIELD.get(name, name))
+    return typed
+
+
+def _over_file(file: dict, options: dict, typed: set[str]) -> dict:
+    """The file's values, overridden by the options typed on the command line (model options: those given)."""
+    merged = {**options, **{k: v for k, v in file.items() if k not in typed}}
+    merged["model"] = {**file.get("model", {}), **options["model"]}
+    return merged
 
 
 def _fmt_time(seconds: float | None) -> str:
