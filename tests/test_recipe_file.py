@@ -3,6 +3,7 @@ the command line override it), `--print-config` prints a preset's, and a bad fil
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import torch
 import yaml
 
 from nmt_cli.checkpoint import load
+from nmt_cli.config import preset
 from nmt_cli.errors import ConfigError
 from nmt_cli.training import recipe_file
 from nmt_cli.training.config import TrainConfig
@@ -106,6 +108,18 @@ def test_config_round_trips_and_reads_yaml_1_2_floats(tmp_path):
     kwargs = recipe_file.read(path)
     assert kwargs["lr"] == 5e-4 and kwargs["adam_eps"] == 1e-8 and kwargs["warmup"] == 8000
     assert kwargs["dist_timeout"] == 2.0 and isinstance(kwargs["dist_timeout"], float)  # an int for a float
+
+
+def test_a_fine_tuning_config_holds_only_the_dropouts(tmp_path):
+    """A run from init_from's weights takes that model's architecture: its file sets only what such a run may."""
+    cfg = TrainConfig("d", "o", init_from="hf:Helsinki-NLP/opus-mt-en-de", model={"dropout": 0.2})
+    model = dataclasses.replace(preset("base"), d_model=256, n_heads=4, activation="swish", dropout=0.2)
+    path = tmp_path / "ft.yaml"
+    path.write_text(recipe_file.render(recipe_file.document(cfg, model), [], {}))
+    kwargs = recipe_file.read(path)
+    assert kwargs["model"] == {"dropout": 0.2, "attention_dropout": 0.0, "activation_dropout": 0.0}
+    assert kwargs["init_from"] == cfg.init_from
+    TrainConfig(**kwargs).validate()
 
 
 @pytest.mark.parametrize("text, message", [
