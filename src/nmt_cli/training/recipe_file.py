@@ -92,7 +92,8 @@ def for_run(plan) -> str:
              "machine": f"this run: {launch.device_type}, {launch.world_size} process(es), {launch.precision}"
                         + (f", {plan.threads} thread(s) each" if plan.threads else "")}
     if cfg.init_from is not None:
-        notes["model"] += f"; the rest of the architecture is init_from's (d_model {mc.d_model}, ...)"
+        notes["model"] += (f"; the rest of the architecture is init_from's (d_model {mc.d_model}, "
+                           f"{mc.encoder_layers}+{mc.decoder_layers} layers, {mc.activation})")
     if cfg.lr is None:
         notes["recipe.lr"] = f"this run: peak {peak_lr(mc.d_model, plan.warmup):.3g} = d_model^-0.5 * warmup^-0.5"
     if cfg.max_tokens in (None, "auto"):
