@@ -33,6 +33,7 @@ EXAMPLES = [
     ("translate.md", "nmt translate -m model.pt --nbest 4 < input.en > nbest.tsv"),
     ("translate.md", "nmt translate -m model.pt --precision bf16 --threads 2 < input.en"),
     ("cli.md", "nmt average --last 5 runs/base -o runs/base/averaged.pt"),
+    ("train.md", "nmt train --print-config --preset big > big.yaml"),
     ("getting-started.md", "nmt score out.de -r ref.de --metrics bleu,chrf,ter"),
     ("score.md", "nmt score -r ref.de < hyp.de"),
     ("score.md", "nmt score hyp.de -r ref.de"),

@@ -11,7 +11,8 @@ from pathlib import Path
 import typer
 
 from nmt_cli import defaults
-from nmt_cli.commands.helpformat import Command
+from nmt_cli.commands.helpformat import usage
+from nmt_cli.commands.messages import usage_error
 from nmt_cli.commands.options import int_or_auto
 from nmt_cli.precision import TrainPrecision
 
@@ -24,7 +25,9 @@ _HELP = (
     "--valid-bleu), a checkpoint_<step>.pt every --save-every updates (the last --keep-last kept), averaged.pt "
     "(the mean of the last --average-last: the paper's 5, big 20), metrics.jsonl and train.log. A run resumes by "
     "itself when RUN_DIR holds checkpoint_last.pt; one that already reached its stop is left as it is. Ctrl-C "
-    "saves a checkpoint and exits."
+    "saves a checkpoint and exits.\n\n"
+    "RUN_DIR/config.yaml gets the run's recipe (model, recipe, data, machine): --config FILE reads such a file, "
+    "whose values options given on the command line override, and --print-config prints the one a run would use."
 )
 _EPILOG = """\
 Examples:
@@ -32,6 +35,9 @@ Examples:
   nmt train data/ende -o runs/big --preset big --gpus 8 --precision bf16
   nmt train data/sample -o runs/tiny --preset tiny --max-time 5
   nmt train data/ende -o runs/b1 --gpus 1 --update-freq auto  # 8 GPUs' batch
+  nmt train --print-config --preset big > big.yaml  # edit it, then:
+  nmt train --config big.yaml data/ende -o runs/big2
+  nmt train --config runs/base/config.yaml -o runs/b2 --seed 2  # run it again
   nmt train data/med -o runs/ft --init-from hf:Helsinki-NLP/opus-mt-en-de \\
       --lr 5e-5 --warmup 500 --max-steps 5000  # fine-tune an OPUS-MT model
 
@@ -59,11 +65,23 @@ class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", cls=Command, short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
+    @app.command("train", cls=usage("DATA_DIR -o RUN_DIR [OPTIONS]", "--config FILE [DATA_DIR] [-o RUN_DIR] [OPTIONS]",
+                                    "--print-config [--preset P] [OPTIONS]"),
+                 short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
     def train(
-        data_dir: Path = typer.Argument(..., metavar="DATA_DIR", help="Data directory written by nmt prepare."),
-        output: Path = typer.Option(..., "-o", "--output", metavar="RUN_DIR",
-                                    help="Run directory for checkpoints and logs."),
+        ctx: typer.Context,
+        data_dir: Path = typer.Argument(None, metavar="DATA_DIR", show_default=False,
+                                        help="Data directory written by nmt prepare (with --config: its data_dir "
+                                             "when not given)."),
+        output: Path = typer.Option(None, "-o", "--output", metavar="RUN_DIR", show_default=False,
+                                    help="Run directory for checkpoints and logs (with --config: its out_dir when "
+                                         "not given)."),
+        config: Path = typer.Option(None, "--config", metavar="FILE",
+                                    help="Read the recipe from this YAML file (a run's config.yaml, or what "
+                                         "--print-config prints); options given here override it."),
+        print_config: bool = typer.Option(False, "--print-config",
+                                          help="Print the recipe a run would use as YAML (the preset's, with the "
+                                               "options given) and exit; DATA_DIR is not needed."),
         preset: Preset = typer.Option(Preset.base, "--preset", help="Model size and recipe defaults."),
         init_from: str = typer.Option(
             None, "--init-from", metavar="MODEL",
@@ -168,18 +186,15 @@ def register(app: typer.Typer) -> None:
                                       help="Updates between log lines."),
     ) -> None:
         from nmt_cli import cpus
+        from nmt_cli.training import recipe_file
         from nmt_cli.training.config import TrainConfig
-        from nmt_cli.training.launch import train as run_training
-
-        if threads is None:
-            cpus.start()  # the free cores, sampled while the run is planned
 
         model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
                  "attention_dropout": attention_dropout,
                  "encoder_layers": encoder_layers or layers, "decoder_layers": decoder_layers or layers}
-        cfg = TrainConfig(
-            data_dir=str(data_dir), out_dir=str(output), preset=preset.value, init_from=init_from,
-            model={k: v for k, v in model.items() if v is not None},
+        options = dict(
+            data_dir=None if data_dir is None else str(data_dir), out_dir=None if output is None else str(output),
+            preset=preset.value, init_from=init_from, model={k: v for k, v in model.items() if v is not None},
             lr=lr or None, warmup=warmup, label_smoothing=label_smoothing, clip_norm=clip_norm,
             max_tokens=max_tokens, update_freq=update_freq, update_tokens=update_tokens,
             max_steps=max_steps, max_epochs=max_epochs, max_time=max_time, patience=patience,
@@ -189,20 +204,35 @@ def register(app: typer.Typer) -> None:
             compile=compile, compile_shapes=compile_shapes.value, seed=seed, log_every=log_every,
             dist_timeout=dist_timeout,
         )
-        display = Display(live=sys.stderr.isatty(), log_every=log_every)
+        if config is not None:
+            options = _over_file(recipe_file.read(config), options, _typed_options(ctx))
+        if print_config:
+            typer.echo(recipe_file.preview(TrainConfig(**options).validate()), nl=False)
+            return
+        for key, what in (("data_dir", "argument DATA_DIR"), ("out_dir", "option -o / --output RUN_DIR")):
+            if options[key] is None:
+                where = f"; {config} has no {'data.' if key == 'data_dir' else ''}{key}" if config else ""
+                raise usage_error(f"missing {what}{where}")
+        if threads is None and options["threads"] is None:
+            cpus.start()  # the free cores, sampled while the run is planned
+        from nmt_cli.training.launch import train as run_training
+
+        cfg = TrainConfig(**options)
+        display = Display(live=sys.stderr.isatty(), log_every=cfg.log_every)
+        run_dir = Path(cfg.out_dir)
         try:
             result = run_training(cfg, progress=display)
         except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: stop at once (checkpoint files are written atomically)
             display.close()
             held = (f"still holds update {display.last_saved}" if display.last_saved is not None
                     else "was not written by this run")
-            display.line(f"error: interrupted again before the run could save; {output / 'checkpoint_last.pt'} {held} "
+            display.line(f"error: interrupted again before the run could save; {run_dir / 'checkpoint_last.pt'} {held} "
                          "(a checkpoint being written is discarded whole); run the same command to resume")
             raise typer.Exit(130) from None
         finally:
             display.close()
         if result.already is not None:
-            display.line(f"{output} already reached its stop ({result.already}); nothing done: raise that stop "
+            display.line(f"{run_dir} already reached its stop ({result.already}); nothing done: raise that stop "
                          "(--max-steps, --max-time, --max-epochs or --patience) to train further")
             return
         if result.ranks_agree is False:
@@ -212,6 +242,28 @@ def register(app: typer.Typer) -> None:
             display.line(f"stopped by {name} at update {result.step}; saved {result.last}; "
                          "run the same command to resume")
             raise typer.Exit(128 + result.signum)
+
+
+_OPTION_FIELD = {"output": "out_dir"}  # command-line parameters named otherwise than their TrainConfig field
+_MODEL_OPTIONS = ("d_model", "d_ff", "heads", "layers", "encoder_layers", "decoder_layers", "dropout",
+                  "attention_dropout")  # go to TrainConfig.model, where they are given only when typed
+
+
+def _typed_options(ctx: typer.Context) -> set[str]:
+    """The TrainConfig fields the command line gave explicitly (not left at their defaults)."""
+    typed = set()
+    for name in ctx.params:
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP") and name not in _MODEL_OPTIONS:
+            typed.add(_OPTION_FIELD.get(name, name))
+    return typed
+
+
+def _over_file(file: dict, options: dict, typed: set[str]) -> dict:
+    """The file's values, overridden by the options typed on the command line (model options: those given)."""
+    merged = {**options, **{k: v for k, v in file.items() if k not in typed}}
+    merged["model"] = {**file.get("model", {}), **options["model"]}
+    return merged
 
 
 def _fmt_time(seconds: float | None) -> str:

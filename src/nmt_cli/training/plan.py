@@ -1,5 +1,5 @@
 """Run planning: every check before anything is written (`plan_run`), the resolved run configuration
-(`config.json`), and the resume decision."""
+(`config.json`, and the recipe as `config.yaml`: recipe_file.py), and the resume decision."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data.batching import make_batches
 from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
+from nmt_cli.training import recipe_file
 from nmt_cli.training.checkpoints import LAST
 from nmt_cli.training.config import (
     BatchPlan,
@@ -32,6 +33,7 @@ from nmt_cli.training.runtime import Launch, Runtime, plan_launch, torchrun_env
 from nmt_cli.training.schedule import peak_lr
 
 CONFIG_JSON = "config.json"
+CONFIG_YAML = "config.yaml"  # the recipe, for nmt train --config (recipe_file.py)
 
 
 @dataclass
@@ -258,7 +260,8 @@ def agree_on_resume(plan: RunPlan, rt: Runtime) -> RunPlan:
 
 
 def write_run_config(plan: RunPlan) -> None:
-    """RUN_DIR/config.json: the options as given and as resolved."""
+    """RUN_DIR/config.json: the options as given and as resolved on this machine; RUN_DIR/config.yaml: the recipe
+    that repeats the run (`nmt train --config`)."""
     out = plan.out_dir
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -276,6 +279,7 @@ def write_run_config(plan: RunPlan) -> None:
         "langs": plan.langs, "resumed_from": plan.resume_from,
     }
     atomic_write(out / CONFIG_JSON, lambda f: f.write((json.dumps(resolved, indent=2) + "\n").encode()))
+    atomic_write(out / CONFIG_YAML, lambda f: f.write(recipe_file.for_run(plan).encode()))
 
 
 
