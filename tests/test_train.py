@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -522,6 +524,38 @@ def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(toy_data_dir, tmp_p
     assert "Traceback" not in err and waited < 60
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
+def test_a_stopped_rank_under_torchrun_ends_the_run_within_the_timeout(toy_data_dir, tmp_path):
+    """torchrun --nproc-per-node 2, rank 1 stopped with SIGSTOP: rank 0's watchdog names it in one line, kills it
+    (it runs on this machine: stopped, it would hold torchrun's SIGTERM for torchrun's 30 s grace period) and exits
+    1, and torchrun ends the run non-zero well before that grace period would have."""
+    from nmt_cli.training.runtime import free_port
+
+    run = tmp_path / "run"
+    args = _cli_args(toy_data_dir, run, "--max-steps", "100000", "--threads", "1", "--dist-timeout", "0.1",
+                     "--log-every", "1", "--gpus", "0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "nmt_cli.cli", *map(str, args)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rank1 = None
+    try:
+        _wait_for(lambda: _updates(run) >= 3, 120, "3 updates")
+        rank1 = next(pid for pid, _, env in _children(proc.pid) if env.get("RANK") == "1")
+        os.kill(rank1, signal.SIGSTOP)
+        stopped_at = time.time()
+        _, err = proc.communicate(timeout=120)
+        waited = time.time() - stopped_at
+    finally:
+        if rank1 is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank1, signal.SIGKILL)
+        proc.kill()
+    assert proc.returncode != 0, err
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "rank 0: rank 1 of 2 has not answered for 6 s" in errors[0], err
+    assert waited < 30, (waited, err)  # 6 s of silence, then the watchdog's kill (not torchrun's grace period)
+
+
 def test_a_rank_that_dies_is_named_in_one_line_by_the_survivor(toy_data_dir, tmp_path):
     """Two processes started as torchrun starts them (env://, rank 0 holds the store); rank 0 killed with SIGKILL:
     rank 1's collective fails, and it says in one line that rank 0 went away, not with a gloo traceback."""
@@ -584,6 +618,87 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights
     a, b = load(tmp_path / "straight" / "checkpoint_last.pt"), load(run / "checkpoint_last.pt")
     assert a.train_state["step"] == b.train_state["step"] == 60
     assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
+def test_two_nodes_on_one_machine_train_save_resume_after_a_kill_and_finish(toy_data_dir, tmp_path):
+    """Two torchrun agents (two "nodes" of 2 processes each) meet at one c10d rendezvous on 127.0.0.1: the run
+    trains and saves; a rank of the second node killed with SIGKILL makes both agents restart their workers
+    (--max-restarts; only that node's agent counts a restart, runtime.agree_round), the run resumes from its last
+    checkpoint and finishes, every update after the resume holding the batches of an uninterrupted run and the
+    first one its loss. (Not bitwise the weights: with more than 2 processes the all-reduce's sums depend on their
+    order, which a resumed process does not keep; the tiny model turns that roundoff into visible differences.)"""
+    from nmt_cli.training.runtime import free_port
+
+    def nodes(run, port):
+        args = _cli_args(toy_data_dir, run, "--max-steps", "40", "--save-every", "10", "--threads", "1",
+                         "--log-every", "1", "--gpus", "0")
+        return [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                                  "--nproc-per-node", "2", "--max-restarts", "2", "--rdzv-backend", "c10d",
+                                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "twonodes", "-m", "nmt_cli.cli",
+                                  *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for _ in range(2)]
+
+    straight = nodes(tmp_path / "straight", free_port())
+    errs = [p.communicate(timeout=900)[1] for p in straight]
+    assert [p.returncode for p in straight] == [0, 0], errs
+    run = tmp_path / "killed"
+    agents = nodes(run, free_port())
+    try:
+        _wait_for(lambda: (run / "checkpoint_10.pt").exists() and _updates(run) >= 12, 600, "update 12")
+        workers = [(pid, env) for agent in agents for pid, _, env in _children(agent.pid)]
+        victim = next(pid for pid, env in workers if env.get("RANK") == "3")
+        os.kill(victim, signal.SIGKILL)
+        errs = [p.communicate(timeout=900)[1] for p in agents]
+    finally:
+        for p in agents:
+            p.kill()
+    assert [p.returncode for p in agents] == [0, 0], errs
+    resumed = [int(m.group(1)) for e in errs for m in [re.search(r"resuming \S+ at update (\d+)", e)] if m]
+    assert resumed and resumed[0] % 10 == 0, errs
+    a, b = load(tmp_path / "straight" / "checkpoint_last.pt"), load(run / "checkpoint_last.pt")
+    assert a.train_state["step"] == b.train_state["step"] == 40 and b.train_state["world_size"] == 4
+
+    def updates(path):  # step -> its record, the last one written (a resumed run writes some steps twice)
+        return {e["step"]: e for e in map(json.loads, (path / "metrics.jsonl").read_text().splitlines())
+                if e["kind"] == "train"}
+
+    straight_log, killed_log = updates(tmp_path / "straight"), updates(run)
+    after = range(resumed[0] + 1, 41)
+    assert [killed_log[k]["tgt_tokens_per_update"] for k in after] == \
+        [straight_log[k]["tgt_tokens_per_update"] for k in after]
+    first = resumed[0] + 1
+    assert killed_log[first]["loss"] == pytest.approx(straight_log[first]["loss"], rel=1e-6)
+
+
+def test_a_compiled_model_inside_ddp_is_compiled_by_ddp_optimizer(tmp_path):
+    """DDP(torch.compile(model)), the order PyTorch recommends: dynamo still compiles the model under DDP's
+    DDPOptimizer (graphs split at DDP's buckets, so the backward overlaps the all-reduce); a gloo group of one in a
+    process of its own."""
+    from nmt_cli.training.runtime import free_port
+
+    code = """
+import sys, torch, torch.distributed as dist
+from torch._dynamo.backends.distributed import DDPOptimizer
+from nmt_cli.config import preset
+from nmt_cli.model import Transformer
+from nmt_cli.training.loop import data_parallel
+from nmt_cli.training.runtime import Launch, Runtime
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
+calls, real = [], DDPOptimizer.compile_fn
+DDPOptimizer.compile_fn = lambda self, gm, inputs: calls.append(gm) or real(self, gm, inputs)
+module = Transformer(preset("tiny", vocab_size=64, d_model=32, d_ff=64, encoder_layers=1, decoder_layers=1))
+model = data_parallel(torch.compile(module, backend="eager"), Runtime(Launch("cpu", 2, "gloo", True, "fp32")))
+src, tgt = torch.randint(4, 64, (2, 5)), torch.randint(4, 64, (2, 6))
+model(src, tgt, src == 0).float().sum().backward()
+print(len(calls), all(p.grad is not None for p in module.parameters()))
+"""
+    r = subprocess.run([sys.executable, "-c", code, str(free_port())], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    graphs, grads = r.stdout.split()
+    assert int(graphs) >= 1 and grads == "True"
 
 
 # ---- the command line -----------------------------------------------------------------------------------------

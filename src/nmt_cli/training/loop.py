@@ -139,16 +139,8 @@ class Trainer:
             self._probe_batching()
         self._make_batches()
         self.model = self._compiled(self.module) if cfg.compile else self.module
-        if rt.distributed:
-            # The only buffer is the constant position table: no broadcast of it before every forward.
-            import inspect
-
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
-                       else {"broadcast_buffers": False})  # (torch >= 2.13 renamed the option)
-            self.model = DDP(self.model, device_ids=[rt.local_rank] if device.type == "cuda" else None,
-                             gradient_as_bucket_view=True, **no_sync)
+        if rt.distributed:  # DDP around the compiled model: see `data_parallel`
+            self.model = data_parallel(self.model, rt)
         # what a killed save left behind (kill -9 during torch.save: NAME.XXXX.tmp files of up to a checkpoint each)
         self._stale = remove_stale_tmp(self.out_dir) if rt.is_main and self.out_dir.is_dir() else (0, 0)
         self._epoch_cache: dict[int, list] = {}
@@ -634,6 +626,25 @@ class Trainer:
         save(ckpt, self.out_dir / AVERAGED)
         self._emit({"kind": "averaged", "path": str(self.out_dir / AVERAGED), "n": len(paths), "wanted": n})
         return str(self.out_dir / AVERAGED)
+
+
+def data_parallel(module: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
+    """DDP around the model, compiled or not. With --compile the order is DDP(torch.compile(model)), the one PyTorch's
+    "Where to apply torch.compile?" recommends ("torch.compile specifically doesn't handle distributed wrapper modules
+    like DDP or FSDP very well, so consider applying torch.compile to the inner module passed to the wrapper"). The
+    backward still overlaps the all-reduce: DDP runs its module inside `_inside_ddp_forward`, and dynamo, compiling
+    under an active DDP module, splits the graph at DDP's bucket boundaries (DDPOptimizer, torch/_dynamo/
+    convert_frame.py), so each bucket's compiled backward hands its gradients to the reducer as it finishes
+    (tests/test_train.py checks that DDPOptimizer compiles the model's graphs in this order). The only buffer is the
+    constant position table: it is not broadcast before every forward."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else {"broadcast_buffers": False})  # (torch >= 2.13 renamed the option)
+    return DDP(module, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None,
+               gradient_as_bucket_view=True, **no_sync)
 
 
 def _adam_impl(device: torch.device) -> dict:

@@ -13,6 +13,7 @@ import contextlib
 import datetime
 import os
 import socket
+import time
 from dataclasses import dataclass
 
 import torch
@@ -182,18 +183,48 @@ class Runtime:
             dist.barrier()
 
 
-def elastic_store(world_size: int, timeout: datetime.timedelta):
-    """Under torchrun with its agent's shared store: a client of that store with the restart count as a key prefix;
-    else None (env:// as usual). torchrun (c10d rendezvous) keeps one store server for every restart round, and
-    torch's env:// connects the new round's workers to it without a prefix, so they read the dead round's keys:
-    gloo dialled the old workers' addresses ("connectFullMesh ... Connection refused") or both ranks
-    waited for each other forever (2 of 4 restarts passed on a 2-core CPU; pytorch/pytorch#167288 is the same
-    symptom with NCCL). One prefix per round gives each round its own keys (docs/train.md, "Devices, precision and processes")."""
+def agent_store(timeout: datetime.timedelta):
+    """Under torchrun with its agent's shared store (`TORCHELASTIC_USE_AGENT_STORE`, the rendezvous handler's
+    `use_agent_store`: "store ... can be shared with user applications", MASTER_ADDR/MASTER_PORT by convention): a
+    client of it; else None (env:// as usual: rank 0 hosts a fresh store)."""
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_ADDR" not in os.environ:
         return None
-    client = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False,
-                           timeout=timeout)
-    return dist.PrefixStore(f"nmt/round_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         wait_for_workers=False, timeout=timeout)
+
+
+def agree_round(store, rank: int, world_size: int, poll_s: float = 0.05) -> int:
+    """A number of this round of workers, the same on every rank and new in every torchrun restart round.
+
+    torchrun (c10d rendezvous) keeps one shared store server for every restart round, and torch's env:// joins the
+    new round's workers to it without a prefix, so they read the dead round's keys: gloo dialled the old workers'
+    addresses ("connectFullMesh ... Connection refused") or the ranks waited for each other forever
+    (pytorch/pytorch#167288 is the same symptom with NCCL). Each round's keys therefore go under a prefix of its own.
+    TORCHELASTIC_RESTART_COUNT cannot be that prefix on several nodes: only the agent whose worker failed counts a
+    restart (two nodes restarted with counts 1 and 0 and never met). So rank 0 draws the next number of a counter
+    in the store, and every other rank asks for it under a key nobody used before (a fresh nonce), which rank 0
+    answers for every nonce it sees until every rank has acknowledged the number; a dead round's hello is answered
+    too, harmlessly. Public store calls only (add, set, get, check)."""
+    import uuid
+
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        store.set(f"nmt/hello/{rank}", nonce)
+        number = int(store.get(f"nmt/reply/{nonce}"))  # (get waits for the key)
+        store.set(f"nmt/round_{number}/ack/{rank}", "1")
+        return number
+    number = store.add("nmt/rounds", 1)
+    acks = [f"nmt/round_{number}/ack/{r}" for r in range(1, world_size)]
+    answered: set[bytes] = set()
+    while not store.check(acks):
+        for r in range(1, world_size):
+            if store.check([f"nmt/hello/{r}"]):
+                nonce = store.get(f"nmt/hello/{r}")
+                if nonce not in answered:
+                    store.set(f"nmt/reply/{nonce.decode()}", str(number))
+                    answered.add(nonce)
+        time.sleep(poll_s)
+    return number
 
 
 def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | None,
@@ -213,13 +244,15 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
     if threads is not None:  # plan.py chose it (cpus.py); None: torch's default (GPUs)
         torch.set_num_threads(threads)
     host_group = None
+    run_round = 0  # torchrun's restart round, as the ranks agreed on it (`agree_round`)
     if launch.distributed:
         if not dist.is_initialized():
             timeout = datetime.timedelta(minutes=30)
-            store = elastic_store(launch.world_size, timeout) if init_method in (None, "env://") else None
-            if store is not None:
-                dist.init_process_group(launch.backend, store=store, rank=rank, world_size=launch.world_size,
-                                        timeout=timeout)
+            shared = agent_store(timeout) if init_method in (None, "env://") else None
+            if shared is not None:
+                run_round = agree_round(shared, rank, launch.world_size)
+                dist.init_process_group(launch.backend, store=dist.PrefixStore(f"nmt/round_{run_round}/pg", shared),
+                                        rank=rank, world_size=launch.world_size, timeout=timeout)
             else:
                 dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
                                         world_size=launch.world_size, timeout=timeout)
@@ -227,9 +260,10 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
             host_group = dist.new_group(backend="gloo")
     watchdog = None
     if launch.distributed:
-        from nmt_cli.training.watchdog import Watchdog
+        from nmt_cli.training import watchdog as dog
 
-        watchdog = Watchdog(rank, launch.world_size, dist_timeout_s, on_stall)
+        store = dog.connect(dog.store_address(init_method), dist_timeout_s, run_round)
+        watchdog = dog.Watchdog(rank, launch.world_size, dist_timeout_s, store, on_stall)
     return Runtime(launch, rank, local_rank, device, host_group, watchdog)
 
 
