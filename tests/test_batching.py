@@ -1,4 +1,5 @@
-"""Length-bucketed token batching: budgets, no dropped example, multiples of 8, shuffling and sharding."""
+"""Length-bucketed token batching: budgets, no dropped example, multiples of 8, the vectorised packing equal to the
+plain loop, shuffling and sharding."""
 
 import numpy as np
 import pytest
@@ -17,6 +18,43 @@ from nmt_cli.errors import ConfigError
 def lengths(n, seed=0, low=2, high=120):
     rng = np.random.default_rng(seed)
     return rng.integers(low, high, n), rng.integers(low, high, n)
+
+
+def reference_batches(src, tgt, max_tokens, multiple_of=8, max_sentences=None):
+    """make_batches as a plain loop over the sentences (what nmt did before it was vectorised)."""
+    order = np.lexsort((src, tgt))
+    cap = max_sentences or len(order) or 1
+    batches, start, n = [], 0, len(order)
+    while start < n:
+        end, longest = start, 0
+        while end < n and end - start < cap:
+            longest = max(longest, src[order[end]], tgt[order[end]])
+            if (end - start + 1) * longest > max_tokens:
+                break
+            end += 1
+        size = end - start
+        if end < n and size > multiple_of:
+            size -= size % multiple_of
+        batches.append(order[start : start + size])
+        start += size
+    return batches
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_vectorised_packing_equals_the_plain_loop(trial):
+    rng = np.random.default_rng(trial)
+    n, high = int(rng.integers(1, 2500)), int(rng.integers(2, 300))
+    src, tgt = rng.integers(1, high, n), rng.integers(1, high, n)
+    if trial % 4 == 0:  # correlated lengths, as in real parallel text; many ties
+        tgt = np.maximum(1, src + rng.integers(-3, 4, n))
+    max_tokens = int(rng.integers(max(src.max(), tgt.max()), 6000))
+    multiple_of = (8, 1, 3, 16)[trial % 4]
+    max_sentences = None if trial % 3 else int(rng.integers(1, 64))
+    if trial == 39:  # lengths beyond 16 bits take the other sort
+        src, tgt, max_tokens = src * 1000, tgt * 1000, int(max(src.max(), tgt.max()) * 1000 * 3)
+    got = make_batches(src, tgt, max_tokens, multiple_of, max_sentences)
+    want = reference_batches(src, tgt, max_tokens, multiple_of, max_sentences)
+    assert [b.tolist() for b in got] == [b.tolist() for b in want]
 
 
 @pytest.mark.parametrize("n,max_tokens", [(1, 200), (7, 200), (1000, 4096), (2531, 25000), (333, 150)])
@@ -70,6 +108,14 @@ def test_max_sentences_caps_batch_size():
 def test_too_long_sentence_is_a_clear_error():
     with pytest.raises(ConfigError, match="max-tokens"):
         make_batches(np.array([5, 500]), np.array([5, 5]), 100)
+
+
+def test_padding_efficiency_equals_the_sum_over_batches():
+    src, tgt = lengths(3000, seed=9)
+    batches = make_batches(src, tgt, 2048)
+    real = sum(int(src[b].sum() + tgt[b].sum()) for b in batches)
+    padded = sum(len(b) * int(src[b].max() + tgt[b].max()) for b in batches)
+    assert padding_efficiency(batches, src, tgt) == pytest.approx(real / padded, rel=1e-12)
 
 
 def test_epoch_shuffle_is_seeded_and_changes_per_epoch():
