@@ -1,12 +1,13 @@
 """Length-bucketed token batching: budgets, no dropped example, multiples of 8, the vectorised packing equal to the
-plain loop, shuffling and sharding."""
+plain loop, shuffling and dealing updates to processes."""
 
 import numpy as np
 import pytest
 
 from nmt_cli.data.batching import (
     bucket_shape,
-    epoch_batches,
+    deal,
+    epoch_order,
     length_bucket,
     make_batches,
     padding_efficiency,
@@ -121,30 +122,43 @@ def test_padding_efficiency_equals_the_sum_over_batches():
 def test_epoch_shuffle_is_seeded_and_changes_per_epoch():
     src, tgt = lengths(3000, seed=3)
     batches = make_batches(src, tgt, 2048)
-    e0 = [b.tolist() for b in epoch_batches(batches, epoch=0, seed=1)]
-    assert e0 == [b.tolist() for b in epoch_batches(batches, epoch=0, seed=1)]
-    assert e0 != [b.tolist() for b in epoch_batches(batches, epoch=1, seed=1)]
-    assert e0 != [b.tolist() for b in epoch_batches(batches, epoch=0, seed=2)]
+    e0 = [b.tolist() for b in epoch_order(batches, epoch=0, seed=1)]
+    assert e0 == [b.tolist() for b in epoch_order(batches, epoch=0, seed=1)]
+    assert e0 != [b.tolist() for b in epoch_order(batches, epoch=1, seed=1)]
+    assert e0 != [b.tolist() for b in epoch_order(batches, epoch=0, seed=2)]
     assert sorted(map(tuple, e0)) == sorted(tuple(b.tolist()) for b in batches)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 8])
-def test_shards_are_disjoint_equal_length_and_complete(world_size):
+def _updates(order, per_update, world_size):
+    """Every update of an epoch as each rank sees it: [[rank 0's batches, rank 1's, ...], ...]."""
+    return [[deal(order[k : k + per_update], r, world_size) for r in range(world_size)]
+            for k in range(0, len(order), per_update)]
+
+
+def test_any_processes_times_update_freq_of_one_product_sees_the_same_sentences_in_every_update():
     src, tgt = lengths(1001, seed=4)
-    batches = make_batches(src, tgt, 1024)
-    shards = [epoch_batches(batches, epoch=5, seed=0, rank=r, world_size=world_size) for r in range(world_size)]
-    assert len({len(s) for s in shards}) == 1
-    seen = np.concatenate([np.concatenate(s) for s in shards])
-    assert sorted(seen.tolist()) == list(range(1001))
-    for s in shards:
-        for b in s:
-            assert len(b) * max(src[b].max(), tgt[b].max()) <= 1024
+    order = epoch_order(make_batches(src, tgt, 1024), epoch=5, seed=0)
+    assert len(order) % 8  # an epoch's last update is partial
+    by_world = {w: _updates(order, 8, w) for w in (1, 2, 8)}  # 8 x 1, 2 x 4, 1 x 8
+    for updates in by_world.values():
+        assert len(updates) == -(-len(order) // 8)
+        for ranks, ref in zip(updates, by_world[1], strict=True):
+            assert sorted(np.concatenate([b for r in ranks for b in r]).tolist()) == sorted(
+                np.concatenate(ref[0]).tolist())
+            assert len({len(r) for r in ranks}) == 1 and all(len(r) >= 1 for r in ranks)  # as many passes each
+            assert sum(len(b) == 0 for r in ranks for b in r) < len(ranks)  # empty ones only to even the passes
+            for r in ranks:
+                for b in r:
+                    assert len(b) * max(src[b].max(initial=0), tgt[b].max(initial=0)) <= 1024
+    full = by_world[2][0]  # a full update: each rank its 4 batches, in order
+    assert [b.tolist() for b in full[0] + full[1]] == [b.tolist() for b in order[:8]]
 
 
-def test_too_few_examples_for_the_ranks_is_a_clear_error():
-    batches = make_batches(np.array([3]), np.array([3]), 100)
-    with pytest.raises(ConfigError, match="processes"):
-        epoch_batches(batches, 0, 0, rank=0, world_size=2)
+def test_an_update_short_of_batches_gives_the_other_ranks_empty_ones():
+    batches = make_batches(np.array([3]), np.array([3]), 100)  # one sentence, 8 processes
+    shares = [deal(batches, r, world_size=8) for r in range(8)]
+    assert [len(share) for share in shares] == [1] * 8
+    assert shares[0][0].tolist() == [0] and all(len(share[0]) == 0 for share in shares[1:])
 
 
 def test_length_buckets_are_few_and_never_shorter():

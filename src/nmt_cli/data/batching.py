@@ -8,6 +8,10 @@ step per batch rather than per sentence (docs/results.md#training-start-up has i
 Compiled training (`nmt train --compile`) batches differently, `shape_batches`: torch.compile specialises its code to
 each input shape, so every batch of a compiled run is padded to one of a few shapes, [rows(L), L] for source and
 target alike, L from `length_bucket`. Eager training keeps `make_batches`' tighter padding.
+
+Training deals the batches to updates and processes (`epoch_order`, `deal`): each epoch one seeded shuffle of all
+batches, the same on every process; an update takes the next processes x update-freq of them, and each process its
+share. So W processes with update-freq F see the same sentences in every update as any W' x F' = W x F.
 """
 
 from __future__ import annotations
@@ -149,25 +153,22 @@ def shape_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     return batches
 
 
-def epoch_batches(batches: list[np.ndarray], epoch: int, seed: int, rank: int = 0,
-                  world_size: int = 1) -> list[np.ndarray]:
-    """This rank's batches for `epoch`: shuffled from (seed, epoch), disjoint across ranks, equal in number.
-
-    When the number of batches does not divide by world_size, the largest batches are split in two (which keeps
-    every example and every token budget) until it does.
-    """
+def epoch_order(batches: list[np.ndarray], epoch: int, seed: int) -> list[np.ndarray]:
+    """All the batches of `epoch` in training order: shuffled from (seed, epoch), the same on every process."""
     rng = np.random.default_rng([seed, epoch])
-    shuffled = [batches[i] for i in rng.permutation(len(batches))]
-    if world_size > 1:
-        while len(shuffled) % world_size:
-            j = max(range(len(shuffled)), key=lambda k: len(shuffled[k]))
-            if len(shuffled[j]) < 2:
-                raise ConfigError(f"too few examples ({sum(map(len, shuffled))}) to give each of {world_size} "
-                                  "processes a batch; use fewer processes or more data")
-            big = shuffled.pop(j)
-            half = len(big) // 2
-            shuffled[j:j] = [big[:half], big[half:]]
-    return shuffled[rank::world_size]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def deal(update: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
+    """Process `rank`'s micro-batches of one update (`update`: the micro-batches of all processes, in epoch order):
+    the rank-th of world_size equal runs, so a full update of world_size x F micro-batches gives each process F of
+    them in turn. An epoch's last update may hold fewer: there the processes past its end get empty micro-batches
+    (no sentence; `collate` makes one row of padding of them, which adds nothing to the loss, the gradients or the
+    token counts), so that every process runs as many forward/backward passes as the others, and the sentences of
+    an update never depend on world_size."""
+    per_rank = -(-len(update) // world_size)
+    mine = list(update[rank * per_rank : (rank + 1) * per_rank])
+    return mine + [np.zeros(0, dtype=np.int64)] * (per_rank - len(mine))
 
 
 def padding_efficiency(batches: list[np.ndarray], src_lengths: np.ndarray, tgt_lengths: np.ndarray,

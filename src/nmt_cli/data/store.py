@@ -183,13 +183,14 @@ def collate(pairs: list[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID,
     `shape` (rows, length): pad source and target to `length` positions and add rows up to `rows` (compiled
     training, batching.bucket_shape). An added row is an empty sentence, source [EOS] and target input [BOS], whose
     target output is all padding: it adds nothing to the loss, its gradient or the token counts, and no attention
-    row of it is fully masked (which would give NaN)."""
+    row of it is fully masked (which would give NaN). No pairs: one such row (a micro-batch that keeps a process in
+    step with the others, batching.deal)."""
     import torch
 
     n = len(pairs)
-    s_len = max(len(s) for s, _ in pairs) + 1
-    t_len = max(len(t) for _, t in pairs) + 1
-    rows = n
+    s_len = max((len(s) for s, _ in pairs), default=0) + 1
+    t_len = max((len(t) for _, t in pairs), default=0) + 1
+    rows = max(n, 1)
     if shape is not None:
         rows, length = shape
         if rows < n or length < max(s_len, t_len):

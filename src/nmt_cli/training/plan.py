@@ -10,18 +10,20 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from nmt_cli import __version__, cpus
 from nmt_cli.checkpoint import atomic_write, load
 from nmt_cli.config import ModelConfig, preset
-from nmt_cli.data.batching import make_batches
+from nmt_cli.data.batching import LengthOrder, shape_batches
 from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.training.checkpoints import LAST
 from nmt_cli.training.config import (
     BatchPlan,
     TrainConfig,
+    real_update_freq,
     resolve_batching,
     resolve_keep_last,
     resolve_save_minutes,
@@ -48,7 +50,9 @@ class RunPlan:
     resume_from: str | None
     init_from: str | None  # a checkpoint file whose weights start the run (fine-tuning), when not resuming
     has_valid: bool
-    mean_tgt_tokens: float  # real target tokens per micro-batch, on average
+    mean_tgt_tokens: float  # real target tokens per micro-batch, on average (as the loss counts them: with EOS)
+    mean_src_tokens: float  # real source tokens per micro-batch, on average (with EOS)
+    batches: tuple[np.ndarray, np.ndarray]  # the training batches, flat: (sentence indices, sizes); `train_batches`
     threads: int | None = None  # torch threads per process (None: torch's own default, on GPUs)
     threads_reason: str = ""  # how `threads` was chosen, for the run's header
     recheck_threads: bool = False  # count the free cores again during the run (cpus.Watch): one automatic process
@@ -75,8 +79,6 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         model_config, init_from = _init_from(cfg, tokenizer)
     else:
         model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
-    batching = resolve_batching(cfg, launch.world_size, launch.device_type, model_config, _gpu_memory(launch),
-                                launch.precision)
     train = ParallelData(data_dir, "train", manifest)
     if len(train) == 0:
         raise DataError(f"{data_dir}: the train split is empty; re-run nmt prepare with more data")
@@ -84,12 +86,10 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     if longest > model_config.max_positions:
         raise ConfigError(f"{data_dir} has a sentence of {longest} tokens but the model takes at most "
                           f"{model_config.max_positions}; prepare with a lower --max-len or raise --max-positions")
-    batches = make_batches(train.src_lengths, train.tgt_lengths, batching.max_tokens)
+    batching, batches = _batch(cfg, launch, model_config, train)
     if "valid" in manifest["splits"]:
         ParallelData(data_dir, "valid", manifest)  # present and consistent
-    if len(batches) * 2 < launch.world_size:
-        raise ConfigError(f"the train split makes {len(batches)} batches, too few for {launch.world_size} processes; "
-                          "use fewer processes or a smaller --max-tokens")
+    sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir} is a file; pass a directory for the run")
@@ -106,8 +106,45 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
         init_from=init_from, has_valid="valid" in manifest["splits"],
         mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
+        mean_src_tokens=float(train.src_lengths.sum()) / len(batches),
+        batches=(np.concatenate(batches), sizes),
         **_threads(cfg, launch, env),
     )
+
+
+def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
+           train: ParallelData) -> tuple[BatchPlan, list[np.ndarray]]:
+    """The batch plan and the training batches (packed once here; every process gets them with the plan).
+
+    A default micro-batch (no --max-tokens, or auto) is sized in real target tokens: the data is packed at the
+    budget `resolve_batching` gives when each budget token held a real target token, which measures how many it
+    does hold (`fill`), then at the budget that holds the update's share. --update-freq auto then counts the real
+    target tokens of the batches made (`real_update_freq`)."""
+    gpu_memory = _gpu_memory(launch)
+
+    def plan_for(fill: float) -> BatchPlan:
+        return resolve_batching(cfg, launch.world_size, launch.device_type, model_config, gpu_memory,
+                                launch.precision, fill)
+
+    batching = plan_for(1.0)
+    lengths = LengthOrder(train.src_lengths, train.tgt_lengths)
+    tgt_tokens = float(lengths.tgt.sum())
+    if cfg.max_tokens in (None, "auto"):
+        n = len(lengths.sizes(batching.max_tokens))
+        batching = plan_for(tgt_tokens / (n * batching.max_tokens))
+    batches = train_batches(lengths, batching.max_tokens,
+                            model_config.max_positions if cfg.compile and cfg.compile_shapes == "buckets" else None)
+    if cfg.update_freq == "auto":
+        batching = dataclasses.replace(batching, update_freq=real_update_freq(batching, tgt_tokens / len(batches)))
+    return batching, batches
+
+
+def train_batches(lengths: LengthOrder, max_tokens: int, max_positions: int | None) -> list[np.ndarray]:
+    """Eager: batches padded to their longest sentence (`make_batches`). Compiled (`max_positions` given): batches
+    of a few shapes (batching.shape_batches), so that torch.compile reuses its code."""
+    if max_positions is None:
+        return lengths.batches(max_tokens)
+    return shape_batches(lengths.src, lengths.tgt, max_tokens, max_positions)
 
 
 def _threads(cfg: TrainConfig, launch: Launch, env) -> dict:
