@@ -432,6 +432,49 @@ def test_ranks_without_the_checkpoint_rank_0_resumes_from_stop_the_run(toy_data_
     assert not (nodes[1] / "run").exists()
 
 
+class _Ranks:
+    """One rank of two as `agree_on_resume` sees it, the other rank's side scripted: what rank 0 broadcasts (for
+    rank 1) and what the other rank answers in gathers (nothing wrong, nothing unsure)."""
+
+    def __init__(self, rank: int, broadcasts: list | None = None):
+        self.distributed, self.rank, self.is_main, self.broadcasts = True, rank, rank == 0, broadcasts
+
+    def broadcast_object(self, obj):
+        return obj if self.is_main else self.broadcasts.pop(0)
+
+    def gather_objects(self, obj):
+        other = False if isinstance(obj, bool) else None
+        return [obj, other] if self.is_main else [other, obj]
+
+
+def test_the_checkpoint_to_resume_is_hashed_only_where_a_rank_sees_another_file(tmp_path, monkeypatch):
+    """Every rank must resume from rank 0's very checkpoint. Shared storage (the same size and modification time)
+    reads nothing; a copy (another time) is hashed, by rank 0 and by that rank once; other bytes stop the run."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Plan:
+        resume_from: str | None
+
+    ckpt = tmp_path / "checkpoint_last.pt"
+    ckpt.write_bytes(b"x" * 1000)
+    hashed = []
+    real_sha = plan_mod.file_sha256
+    monkeypatch.setattr(plan_mod, "file_sha256", lambda path: hashed.append(path) or real_sha(path))
+    st = ckpt.stat()
+    same = {"path": str(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    assert plan_mod.agree_on_resume(Plan(str(ckpt)), _Ranks(0)).resume_from == str(ckpt)
+    assert plan_mod.agree_on_resume(Plan(None), _Ranks(1, [same])).resume_from == str(ckpt)
+    assert hashed == []
+    copied = {**same, "mtime_ns": st.st_mtime_ns - 10**9}
+    assert plan_mod.agree_on_resume(Plan(None), _Ranks(1, [copied, real_sha(ckpt)])).resume_from == str(ckpt)
+    assert len(hashed) == 1
+    with pytest.raises(TrainingError, match="rank 1 sees another .* than rank 0 \\(different bytes\\)"):
+        plan_mod.agree_on_resume(Plan(None), _Ranks(1, [copied, "0" * 64]))
+    with pytest.raises(TrainingError, match="rank 1 cannot see"):
+        plan_mod.agree_on_resume(Plan(None), _Ranks(1, [{**same, "path": str(tmp_path / "elsewhere.pt")}]))
+
+
 def _children(pid: int) -> list[tuple[int, str, dict]]:
     """(pid, command line, environment) of the processes whose parent is `pid` (Linux /proc)."""
     out = []

@@ -204,7 +204,7 @@ def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig, to
     if cfg.resume is False:
         raise ConfigError(f"--no-resume: {out_dir} already holds a run ({LAST}), which nmt never overwrites; "
                           "pick another -o, remove that directory, or drop --no-resume to resume it")
-    ckpt = load(last)
+    ckpt = load(last, mmap=True)  # the configuration only: the weights and Adam's moments stay on disk
     if ckpt.train_state is None:
         raise CheckpointError(f"{last} has no training state (an averaged or exported checkpoint?); "
                               "it cannot be resumed; pick another -o")
@@ -230,29 +230,41 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def agree_on_resume(plan: RunPlan, rt: Runtime) -> RunPlan:
-    """After the process group starts: every rank resumes from the checkpoint rank 0 chose (path and sha256) or
-    starts fresh as rank 0 does. A rank that cannot read that very file stops the whole run, every rank raising
-    the same one-line error (without this, a node that does not share the run directory would restart at update
-    0 with fresh Adam state while the others resume: the weights drift apart and the collectives hang)."""
+    """After the process group starts: every rank resumes from the checkpoint rank 0 chose or starts fresh as rank
+    0 does. A rank that cannot read that very file stops the whole run, every rank raising the same one-line error
+    (without this, a node that does not share the run directory would restart at update 0 with fresh Adam state
+    while the others resume: the weights drift apart and the collectives hang).
+
+    "That very file": the same size and modification time as rank 0's (shared storage: nothing is read), else the
+    same sha256 (a copy on a node's own disk): then rank 0 hashes its file once and only those ranks hash theirs."""
     if not rt.distributed:
         return plan
     decision = None
     if rt.is_main and plan.resume_from is not None:
-        decision = {"path": plan.resume_from, "sha256": file_sha256(plan.resume_from)}
+        decision = {"path": plan.resume_from, **_size_and_time(Path(plan.resume_from))}
     decision = rt.broadcast_object(decision)
-    problem = None
+    problem, unsure = None, False
     if decision is not None and not rt.is_main:
         path = Path(decision["path"])
         if not path.is_file():
             problem = (f"rank {rt.rank} cannot see {path}, the checkpoint rank 0 resumes from; put the run "
                        "directory (-o) on storage every node shares (or copy it to every node) and start again")
-        elif file_sha256(path) != decision["sha256"]:
-            problem = (f"rank {rt.rank} sees another {path} than rank 0 (different bytes); put the run directory "
-                       "(-o) on storage every node shares (or copy rank 0's to every node) and start again")
+        else:
+            unsure = _size_and_time(path) != {k: decision[k] for k in ("size", "mtime_ns")}
+    if any(rt.gather_objects(unsure)):
+        sha256 = rt.broadcast_object(file_sha256(decision["path"]) if rt.is_main else None)
+        if unsure and file_sha256(decision["path"]) != sha256:
+            problem = (f"rank {rt.rank} sees another {decision['path']} than rank 0 (different bytes); put the run "
+                       "directory (-o) on storage every node shares (or copy rank 0's to every node) and start again")
     problems = [p for p in rt.gather_objects(problem) if p]
     if problems:
         raise TrainingError(problems[0])
     return dataclasses.replace(plan, resume_from=None if decision is None else decision["path"])
+
+
+def _size_and_time(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def write_run_config(plan: RunPlan) -> None:
