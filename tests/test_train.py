@@ -616,6 +616,7 @@ def _cli_args(data_dir, run, *extra):
     (["--precision", "fp16", "--gpus", "0"], "fp16"),
     (["--gpus", "64"], "--gpus 64"),
     (["--max-tokens", "4"], "--max-tokens"),
+    (["--max-tokens", "4", "--cpu-procs", "2"], "--max-tokens"),  # the second process, started early, stops quietly
 ])
 def test_bad_input_is_one_line_and_writes_nothing(toy_data_dir, tmp_path, extra, message):
     run = tmp_path / "run"

@@ -49,8 +49,13 @@ class LengthOrder:
         return _pack(self.key, max_tokens, multiple_of, max_sentences or len(self.key) or 1)
 
     def batches(self, max_tokens: int, multiple_of: int = 8, max_sentences: int | None = None) -> list[np.ndarray]:
-        sizes = self.sizes(max_tokens, multiple_of, max_sentences)
-        return np.split(self.order, np.cumsum(sizes)[:-1]) if len(sizes) else []
+        return split(self.order, self.sizes(max_tokens, multiple_of, max_sentences))
+
+
+def split(indices: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """`indices` cut into consecutive batches of `sizes` (views; np.split does the same 4x slower)."""
+    ends = np.cumsum(sizes).tolist()
+    return [indices[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
 def _length_order(src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
@@ -78,7 +83,7 @@ def _pack(key: np.ndarray, max_tokens: int, multiple_of: int, cap: int) -> np.nd
         width = min(limit, guess)
         while True:
             cost = np.maximum.accumulate(key[start : start + width]) * counts[:width]
-            size = int(np.searchsorted(cost, max_tokens, side="right"))  # sentences within the budget
+            size = int(cost.searchsorted(max_tokens, "right"))  # sentences within the budget
             if size < width or width == limit:
                 break
             width = min(limit, 2 * width)
@@ -178,14 +183,17 @@ def padding_efficiency(batches: list[np.ndarray], src_lengths: np.ndarray, tgt_l
     batches = [b for b in batches if len(b)]
     if not batches:
         return 1.0
-    src_lengths, tgt_lengths = np.asarray(src_lengths), np.asarray(tgt_lengths)
-    flat = np.concatenate(batches)
-    s, t = src_lengths[flat], tgt_lengths[flat]
-    real = int(s.sum()) + int(t.sum())
     if shape is None:
         sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
-        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        padded = int((sizes * (np.maximum.reduceat(s, starts) + np.maximum.reduceat(t, starts))).sum())
-    else:
-        padded = sum(2 * rows * length for rows, length in map(shape, batches))
-    return real / padded if padded else 1.0
+        return flat_padding_efficiency(np.concatenate(batches), sizes, src_lengths, tgt_lengths)
+    real = sum(int(src_lengths[b].sum() + tgt_lengths[b].sum()) for b in batches)
+    return real / sum(2 * rows * length for rows, length in map(shape, batches))
+
+
+def flat_padding_efficiency(indices: np.ndarray, sizes: np.ndarray, src_lengths: np.ndarray,
+                            tgt_lengths: np.ndarray) -> float:
+    """`padding_efficiency` of the batches `split(indices, sizes)` (none empty), padded to their longest sentences."""
+    s, t = np.asarray(src_lengths)[indices], np.asarray(tgt_lengths)[indices]
+    starts = np.cumsum(sizes) - sizes
+    padded = int((sizes * (np.maximum.reduceat(s, starts) + np.maximum.reduceat(t, starts))).sum())
+    return (int(s.sum()) + int(t.sum())) / padded if padded else 1.0

@@ -11,6 +11,7 @@ Files are written to a temporary name and renamed when complete, so a later run 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -92,15 +93,20 @@ class IndexedArray:
         for p in (bin_path, idx_path):
             if not p.exists():
                 raise DataError(f"{p} is missing; re-run nmt prepare for this data directory")
-        self.offsets = np.fromfile(idx_path, dtype=np.int64)
+        # mapped, not read: a process that only reads sentences (a training rank) never reads the whole index
+        size = idx_path.stat().st_size
+        self.offsets = (np.memmap(idx_path, dtype=np.int64, mode="r") if size >= 8 else np.zeros(0, dtype=np.int64))
         n_tokens = int(self.offsets[-1]) if len(self.offsets) else 0
         if bin_path.stat().st_size != n_tokens * dtype.itemsize:
             raise DataError(f"{bin_path} does not match its index (truncated?); re-run nmt prepare with --force")
         self.data = np.memmap(bin_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype=dtype)
-        self.lengths = np.diff(self.offsets)
+
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        return np.diff(np.asarray(self.offsets))
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return max(0, len(self.offsets) - 1)
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.data[self.offsets[i] : self.offsets[i + 1]]

@@ -34,8 +34,10 @@ from nmt_cli.data.batching import (
     bucket_shape,
     deal,
     epoch_order,
+    flat_padding_efficiency,
     make_batches,
     padding_efficiency,
+    split,
 )
 from nmt_cli.data.store import Batch, ParallelData, collate, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
@@ -199,8 +201,7 @@ class Trainer:
             src, tgt, max_tokens = data.src_lengths, data.tgt_lengths, plan.batching.max_tokens
             self.batch_shape = lambda idx: bucket_shape(src[idx], tgt[idx], max_tokens, max_positions)
         if not repack:
-            indices, sizes = plan.batches
-            self.batches = np.split(indices, np.cumsum(sizes)[:-1])
+            self.batches = split(*plan.batches)
         else:
             from nmt_cli.training.config import real_update_freq
 
@@ -499,14 +500,19 @@ class Trainer:
             # real (unpadded) tokens per update expected from the batches' average (metrics' "train" records: seen)
             "tgt_tokens_per_update": plan.mean_tgt_tokens * b.update_freq * b.world_size,
             "src_tokens_per_update": plan.mean_src_tokens * b.update_freq * b.world_size,
-            "batches_per_epoch": len(self.batches), "padding_efficiency": padding_efficiency(
-                self.batches, self.train_data.src_lengths, self.train_data.tgt_lengths, self.batch_shape),
+            "batches_per_epoch": len(self.batches), "padding_efficiency": self._padding_efficiency(),
             "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, self.cfg.lr), "warmup": plan.warmup,
             "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
             "save_minutes": plan.save_minutes, "resumed_at": self.step if plan.resume_from else None,
             "stale_tmp_removed": self._stale[0], "stale_tmp_bytes": self._stale[1],
             "out_dir": str(self.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
         }
+
+    def _padding_efficiency(self) -> float:
+        src, tgt = self.train_data.src_lengths, self.train_data.tgt_lengths
+        if self.batch_shape is not None:
+            return padding_efficiency(self.batches, src, tgt, self.batch_shape)
+        return flat_padding_efficiency(*self.plan.batches, src, tgt)  # (the flat form: no list to concatenate)
 
     def _auto_reason(self) -> str:
         """How --max-tokens auto chose this run's micro-batch (the run's header prints it)."""
@@ -539,9 +545,10 @@ class Trainer:
     def _fit(self) -> TrainResult:
         cfg, plan, rt = self.cfg, self.plan, self.rt
         metrics = MetricsLog(self.out_dir, rt.is_main)
-        start = self._start_event()
-        metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
-        self._emit(start)
+        if rt.is_main:  # (the other ranks neither log nor display)
+            start = self._start_event()
+            metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
+            self._emit(start)
         window, history, valid, stopped_by = Window(), [], None, "max_steps"
         last_window = window
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
