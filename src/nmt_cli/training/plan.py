@@ -118,8 +118,10 @@ def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
 
     A default micro-batch (no --max-tokens, or auto) is sized in real target tokens: the data is packed at the
     budget `resolve_batching` gives when each budget token held a real target token, which measures how many it
-    does hold (`fill`), then at the budget that holds the update's share. --update-freq auto then counts the real
-    target tokens of the batches made (`real_update_freq`)."""
+    does hold (`fill`), then at the budget that holds the update's share, which measures `fill` again there (it
+    is lower in smaller micro-batches: docs/results.md#training-start-up has how close each gets), then at the
+    final budget. --update-freq auto then counts the real target tokens of the batches made
+    (`real_update_freq`)."""
     gpu_memory = _gpu_memory(launch)
 
     def plan_for(fill: float) -> BatchPlan:
@@ -129,9 +131,10 @@ def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
     batching = plan_for(1.0)
     lengths = LengthOrder(train.src_lengths, train.tgt_lengths)
     tgt_tokens = float(lengths.tgt.sum())
-    if cfg.max_tokens in (None, "auto"):
-        n = len(lengths.sizes(batching.max_tokens))
-        batching = plan_for(tgt_tokens / (n * batching.max_tokens))
+    if cfg.max_tokens in (None, "auto"):  # measured twice: fill is a little lower in smaller micro-batches
+        for _ in range(2):
+            n = len(lengths.sizes(batching.max_tokens))
+            batching = plan_for(tgt_tokens / (n * batching.max_tokens))
     batches = train_batches(lengths, batching.max_tokens,
                             model_config.max_positions if cfg.compile and cfg.compile_shapes == "buckets" else None)
     if cfg.update_freq == "auto":
