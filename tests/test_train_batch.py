@@ -217,3 +217,32 @@ def test_the_header_and_the_metrics_say_the_real_tokens_per_update(toy_data_dir,
     seen = np.mean([e["tgt_tokens_per_update"] for e in records(run)])
     assert seen == pytest.approx(start["tgt_tokens_per_update"], rel=0.3)
     assert torch.isfinite(torch.tensor([e["loss"] for e in records(run)])).all()
+
+
+def test_after_the_probe_the_batches_are_packed_again_and_counted_in_real_tokens(toy_data_dir, tmp_path,
+                                                                                 monkeypatch):
+    """--max-tokens auto on a GPU re-packs the batches at the size the probe found (here a probe answering 300
+    tokens, on CPU) and counts --update-freq auto's real tokens again."""
+    import dataclasses
+
+    from nmt_cli.data.batching import make_batches
+    from nmt_cli.training import probe
+    from nmt_cli.training.loop import Trainer
+    from nmt_cli.training.runtime import Launch, Runtime
+
+    cfg = small_cfg(toy_data_dir, tmp_path / "run", model=dict(NO_DROPOUT), max_tokens="auto", update_freq="auto",
+                    update_tokens=1024)
+    plan = plan_run(cfg)
+    plan = dataclasses.replace(plan, batching=dataclasses.replace(plan.batching, probe=True))
+    monkeypatch.setattr(probe, "largest_train_batch", lambda *a, **kw: 300)
+    trainer = Trainer(plan, Runtime(Launch("cpu", 1, None, False, "fp32")))
+    b = trainer.plan.batching
+    data = trainer.train_data
+    assert not b.probe and b.max_tokens <= 300 and b.max_tokens != plan.batching.max_tokens
+    want = make_batches(data.src_lengths, data.tgt_lengths, b.max_tokens)
+    assert [x.tolist() for x in trainer.batches] == [x.tolist() for x in want]
+    mean = float(data.tgt_lengths.sum()) / len(want)
+    assert trainer.plan.mean_tgt_tokens == pytest.approx(mean) and b.update_freq == round(1024 / mean)
+    indices, sizes = trainer.plan.batches
+    assert indices.tolist() == np.concatenate(want).tolist() and sizes.tolist() == [len(x) for x in want]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["update_freq"] == b.update_freq

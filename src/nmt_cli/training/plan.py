@@ -116,25 +116,30 @@ def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
            train: ParallelData) -> tuple[BatchPlan, list[np.ndarray]]:
     """The batch plan and the training batches (packed once here; every process gets them with the plan).
 
-    A default micro-batch (no --max-tokens, or auto) is sized in real target tokens: the data is packed at the
-    budget `resolve_batching` gives when each budget token held a real target token, which measures how many it
-    does hold (`fill`), then at the budget that holds the update's share, which measures `fill` again there (it
-    is lower in smaller micro-batches: docs/results.md#training-start-up has how close each gets), then at the
-    final budget. --update-freq auto then counts the real target tokens of the batches made
-    (`real_update_freq`)."""
+    A default micro-batch (no --max-tokens, or auto) is sized in real target tokens. How many real target tokens
+    a token of budget holds (`fill`) is first taken as what the budget's max(source, target) leaves alone (padding
+    aside), then measured where the micro-batch lands, by packing the data there once (it is lower in smaller
+    micro-batches: docs/results.md#training-start-up has how close the update comes); the data is then packed at
+    the budget that holds the update's share. --update-freq auto counts the real target tokens of the batches
+    made (`real_update_freq`)."""
     gpu_memory = _gpu_memory(launch)
 
+    lengths = LengthOrder(train.src_lengths, train.tgt_lengths)
+    tgt_tokens, longest = float(lengths.tgt.sum()), int(lengths.key.max())
+    default = cfg.max_tokens in (None, "auto")
+
     def plan_for(fill: float) -> BatchPlan:
-        return resolve_batching(cfg, launch.world_size, launch.device_type, model_config, gpu_memory,
-                                launch.precision, fill)
+        b = resolve_batching(cfg, launch.world_size, launch.device_type, model_config, gpu_memory, launch.precision,
+                             fill)
+        if default and b.max_tokens < longest:  # a default micro-batch holds the longest sentence at least
+            b = dataclasses.replace(b, max_tokens=longest)
+        return b
 
     batching = plan_for(1.0)
-    lengths = LengthOrder(train.src_lengths, train.tgt_lengths)
-    tgt_tokens = float(lengths.tgt.sum())
-    if cfg.max_tokens in (None, "auto"):  # measured twice: fill is a little lower in smaller micro-batches
-        for _ in range(2):
-            n = len(lengths.sizes(batching.max_tokens))
-            batching = plan_for(tgt_tokens / (n * batching.max_tokens))
+    if default:
+        batching = plan_for(tgt_tokens / float(lengths.key.sum()))
+        n = len(lengths.sizes(batching.max_tokens))
+        batching = plan_for(tgt_tokens / (n * batching.max_tokens))
     batches = train_batches(lengths, batching.max_tokens,
                             model_config.max_positions if cfg.compile and cfg.compile_shapes == "buckets" else None)
     if cfg.update_freq == "auto":
