@@ -398,6 +398,18 @@ def test_two_gloo_processes_train_and_agree(toy_data_dir, tmp_path):
     assert load(tmp_path / "run" / "checkpoint_last.pt").train_state["world_size"] == 2
 
 
+def test_cpu_processes_are_started_before_torch_is_imported_only_when_their_number_is_sure(monkeypatch):
+    from nmt_cli.training.spawn import early_world_size
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert early_world_size(None, 2) == early_world_size(0, 2) == 2
+    assert early_world_size(None, 1) is None and early_world_size(2, 1) is None  # GPUs: counted by torch first
+    assert early_world_size(None, 10**6) is None  # refused by plan_launch: nothing started
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("LOCAL_RANK", "0")
+    assert early_world_size(None, 2) is None  # torchrun started the processes
+
+
 def test_two_gloo_processes_resume_together(toy_data_dir, tmp_path):
     train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=3, cpu_procs=2))
     result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, cpu_procs=2))

@@ -164,11 +164,22 @@ def register(app: typer.Typer) -> None:
                                       help="Updates between log lines."),
     ) -> None:
         from nmt_cli import cpus
-        from nmt_cli.training.config import TrainConfig
-        from nmt_cli.training.launch import train as run_training
+        from nmt_cli.training.spawn import Ranks, early_world_size
 
         if threads is None:
             cpus.start()  # the free cores, sampled while the run is planned
+        ranks, world = None, early_world_size(gpus, cpu_procs)
+        if world is not None:  # the other processes start first: their imports overlap this one's (spawn.py)
+            if threads is None:
+                cpus.start().others_busy()  # (the free cores, counted before they load them)
+            ranks = Ranks(world)
+        try:
+            from nmt_cli.training.config import TrainConfig
+            from nmt_cli.training.launch import train as run_training
+        except BaseException:
+            if ranks is not None:
+                ranks.cancel()
+            raise
 
         model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
                  "attention_dropout": attention_dropout,
@@ -187,7 +198,7 @@ def register(app: typer.Typer) -> None:
         )
         display = Display(live=sys.stderr.isatty(), log_every=log_every)
         try:
-            result = run_training(cfg, progress=display)
+            result = run_training(cfg, progress=display, ranks=ranks)
         except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: stop at once (checkpoint files are written atomically)
             display.close()
             held = (f"still holds update {display.last_saved}" if display.last_saved is not None

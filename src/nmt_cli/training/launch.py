@@ -1,8 +1,8 @@
 """`train(cfg)`, the entry point of `nmt train`: check everything first (`plan_run`: data directory, devices,
 precision, batch sizes, resume compatibility) so that bad input fails with one line before any file is written;
-then run one process, or start N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo: started first, so their
-imports overlap the planning, and sent the plan) and run rank 0 here, or join the processes torchrun started. Each
-process runs `Trainer.fit()` (loop.py)."""
+then run one process, or start N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo; spawn.py: started first,
+so that their imports overlap rank 0's, and sent the plan) and run rank 0 here, or join the processes torchrun
+started. Each process runs `Trainer.fit()` (loop.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from nmt_cli.errors import NmtError, TrainingError
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.loop import Progress, Trainer, TrainResult
 from nmt_cli.training.plan import RunPlan, agree_on_resume, plan_run, write_run_config
-from nmt_cli.training.runtime import free_port, plan_launch, setup_process, shutdown_process, torchrun_env
+from nmt_cli.training.runtime import plan_launch, setup_process, shutdown_process, torchrun_env
+from nmt_cli.training.spawn import Ranks
 
 
 def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
@@ -49,8 +50,8 @@ class PeerLostError(TrainingError):
     """Another rank of the run is gone (each rank says so: the one that would have reported may be the dead one)."""
 
 
-def _child_main(conn, rank: int, init_method: str) -> None:
-    """Entry point of ranks 1..N-1 started by `train` (spawned processes). They start while rank 0 plans the run,
+def child_main(conn, rank: int, init_method: str) -> None:
+    """Entry point of ranks 1..N-1 that nmt spawns (spawn.Ranks). They start before rank 0 has planned the run,
     import what training needs meanwhile, and get the plan (batches included) from rank 0 through `conn`: None
     when rank 0 refused the run (it reports why)."""
     try:
@@ -75,47 +76,6 @@ def _child_main(conn, rank: int, init_method: str) -> None:
         sys.exit(130)
 
 
-class _Children:
-    """Ranks 1..N-1 of a run that nmt starts itself, spawned before the run is planned (their imports overlap
-    rank 0's planning) and sent the plan once it is made."""
-
-    def __init__(self, world_size: int):
-        import torch.multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self.init_method = f"tcp://127.0.0.1:{free_port()}"
-        self.conns, self.procs = [], []
-        for r in range(1, world_size):
-            ours, theirs = ctx.Pipe()
-            self.procs.append(ctx.Process(target=_child_main, args=(theirs, r, self.init_method)))
-            self.procs[-1].start()
-            theirs.close()
-            self.conns.append(ours)
-
-    def send(self, plan: RunPlan | None) -> threading.Thread:
-        """The plan to every child (None: stop, rank 0 refused the run), from a thread: a child reads it when its
-        imports are done, and rank 0 goes on meanwhile."""
-
-        def send_all() -> None:
-            for conn in self.conns:
-                try:
-                    conn.send(plan)
-                except OSError:  # that child is gone: the watcher or the join says so
-                    pass
-                conn.close()
-
-        thread = threading.Thread(target=send_all, daemon=True)
-        thread.start()
-        return thread
-
-    def cancel(self) -> None:
-        self.send(None).join(timeout=60)
-        for p in self.procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-
-
 def _watch_children(procs: list, done: threading.Event) -> None:
     """If a spawned rank dies while rank 0 still runs, rank 0 would block in a collective: end the run."""
     while not done.wait(1.0):
@@ -129,34 +89,37 @@ def _watch_children(procs: list, done: threading.Event) -> None:
                 os._exit(1)
 
 
-def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """Train as `cfg` says; returns where the checkpoints are and how the run ended."""
+def train(cfg: TrainConfig, progress: Progress | None = None, ranks: Ranks | None = None) -> TrainResult:
+    """Train as `cfg` says; returns where the checkpoints are and how the run ended. `ranks`: the other processes,
+    when the caller started them already (`nmt train` does, first thing: spawn.py); else started here if needed."""
     env = torchrun_env()
-    children = None
-    if env is None:
-        launch = plan_launch(cfg.validate().gpus, cfg.cpu_procs, cfg.precision)
-        if launch.distributed:
-            if cfg.threads is None and launch.device_type == "cpu":
-                cpus.start().others_busy()  # the free cores, counted before the children's imports load them
-            children = _Children(launch.world_size)
     try:
+        if env is None:
+            launch = plan_launch(cfg.validate().gpus, cfg.cpu_procs, cfg.precision)
+            if ranks is not None and ranks.world_size != launch.world_size:
+                ranks.cancel()
+                ranks = None
+            if launch.distributed and ranks is None:
+                if cfg.threads is None and launch.device_type == "cpu":
+                    cpus.start().others_busy()  # the free cores, counted before the ranks' imports load them
+                ranks = Ranks(launch.world_size)
         plan = plan_run(cfg)
         if env is None or env[0] == 0:
             write_run_config(plan)
     except BaseException:
-        if children is not None:
-            children.cancel()
+        if ranks is not None:
+            ranks.cancel()
         raise
     if env is not None:
         rank, _, local_rank = env
         return run_process(plan, rank, local_rank, "env://" if plan.launch.distributed else None,
                            progress if rank == 0 else None)
-    if children is None:
+    if ranks is None:
         return run_process(plan, 0, 0, None, progress)
-    children.send(plan)
-    import torch._dynamo  # noqa: F401 (torch.optim imports it, ~2 s: spent while the children start, as theirs)
+    ranks.send(plan)
+    import torch._dynamo  # noqa: F401 (torch.optim imports it, ~2 s: spent while the ranks start, as theirs)
 
-    procs = children.procs
+    procs = ranks.procs
     done = threading.Event()
     threading.Thread(target=_watch_children, args=(procs, done), daemon=True).start()
     def kill_children() -> None:  # rank 0's watchdog ends the run: a stopped child would stay forever
@@ -165,7 +128,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                 p.kill()
 
     try:
-        result = run_process(plan, 0, 0, children.init_method, progress, on_stall=kill_children)
+        result = run_process(plan, 0, 0, ranks.init_method, progress, on_stall=kill_children)
     except BaseException:
         done.set()
         for p in procs:
