@@ -6,9 +6,9 @@
         gradients /= total target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
         validate / save / stop as agreed
 
-Only rank 0 logs and writes files; an update's batches are dealt to the ranks (`batching.deal`). The run around it: `plan.py`
-(checks before anything is written), `launch.py` (one process, spawned processes or torchrun's), `signals.py`,
-`metrics_log.py`.
+Only rank 0 logs and writes files; an update's batches are dealt to the ranks (`batching.deal`). The run around
+it: `plan.py` (checks before anything is written, the batches), `launch.py` (one process, spawned processes or
+torchrun's), `signals.py`, `metrics_log.py`.
 """
 
 from __future__ import annotations
