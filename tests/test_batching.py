@@ -1,11 +1,13 @@
-"""Length-bucketed token batching: budgets, no dropped example, multiples of 8, shuffling and sharding."""
+"""Length-bucketed token batching: budgets, no dropped example, multiples of 8, the vectorised packing equal to the
+plain loop, shuffling and dealing updates to processes."""
 
 import numpy as np
 import pytest
 
 from nmt_cli.data.batching import (
     bucket_shape,
-    epoch_batches,
+    deal,
+    epoch_order,
     length_bucket,
     make_batches,
     padding_efficiency,
@@ -17,6 +19,43 @@ from nmt_cli.errors import ConfigError
 def lengths(n, seed=0, low=2, high=120):
     rng = np.random.default_rng(seed)
     return rng.integers(low, high, n), rng.integers(low, high, n)
+
+
+def reference_batches(src, tgt, max_tokens, multiple_of=8, max_sentences=None):
+    """make_batches as a plain loop over the sentences (what nmt did before it was vectorised)."""
+    order = np.lexsort((src, tgt))
+    cap = max_sentences or len(order) or 1
+    batches, start, n = [], 0, len(order)
+    while start < n:
+        end, longest = start, 0
+        while end < n and end - start < cap:
+            longest = max(longest, src[order[end]], tgt[order[end]])
+            if (end - start + 1) * longest > max_tokens:
+                break
+            end += 1
+        size = end - start
+        if end < n and size > multiple_of:
+            size -= size % multiple_of
+        batches.append(order[start : start + size])
+        start += size
+    return batches
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_vectorised_packing_equals_the_plain_loop(trial):
+    rng = np.random.default_rng(trial)
+    n, high = int(rng.integers(1, 2500)), int(rng.integers(2, 300))
+    src, tgt = rng.integers(1, high, n), rng.integers(1, high, n)
+    if trial % 4 == 0:  # correlated lengths, as in real parallel text; many ties
+        tgt = np.maximum(1, src + rng.integers(-3, 4, n))
+    max_tokens = int(rng.integers(max(src.max(), tgt.max()), 6000))
+    multiple_of = (8, 1, 3, 16)[trial % 4]
+    max_sentences = None if trial % 3 else int(rng.integers(1, 64))
+    if trial == 39:  # lengths beyond 16 bits take the other sort
+        src, tgt, max_tokens = src * 1000, tgt * 1000, int(max(src.max(), tgt.max()) * 1000 * 3)
+    got = make_batches(src, tgt, max_tokens, multiple_of, max_sentences)
+    want = reference_batches(src, tgt, max_tokens, multiple_of, max_sentences)
+    assert [b.tolist() for b in got] == [b.tolist() for b in want]
 
 
 @pytest.mark.parametrize("n,max_tokens", [(1, 200), (7, 200), (1000, 4096), (2531, 25000), (333, 150)])
@@ -72,33 +111,54 @@ def test_too_long_sentence_is_a_clear_error():
         make_batches(np.array([5, 500]), np.array([5, 5]), 100)
 
 
+def test_padding_efficiency_equals_the_sum_over_batches():
+    src, tgt = lengths(3000, seed=9)
+    batches = make_batches(src, tgt, 2048)
+    real = sum(int(src[b].sum() + tgt[b].sum()) for b in batches)
+    padded = sum(len(b) * int(src[b].max() + tgt[b].max()) for b in batches)
+    assert padding_efficiency(batches, src, tgt) == pytest.approx(real / padded, rel=1e-12)
+
+
 def test_epoch_shuffle_is_seeded_and_changes_per_epoch():
     src, tgt = lengths(3000, seed=3)
     batches = make_batches(src, tgt, 2048)
-    e0 = [b.tolist() for b in epoch_batches(batches, epoch=0, seed=1)]
-    assert e0 == [b.tolist() for b in epoch_batches(batches, epoch=0, seed=1)]
-    assert e0 != [b.tolist() for b in epoch_batches(batches, epoch=1, seed=1)]
-    assert e0 != [b.tolist() for b in epoch_batches(batches, epoch=0, seed=2)]
+    e0 = [b.tolist() for b in epoch_order(batches, epoch=0, seed=1)]
+    assert e0 == [b.tolist() for b in epoch_order(batches, epoch=0, seed=1)]
+    assert e0 != [b.tolist() for b in epoch_order(batches, epoch=1, seed=1)]
+    assert e0 != [b.tolist() for b in epoch_order(batches, epoch=0, seed=2)]
     assert sorted(map(tuple, e0)) == sorted(tuple(b.tolist()) for b in batches)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 8])
-def test_shards_are_disjoint_equal_length_and_complete(world_size):
+def _updates(order, per_update, world_size):
+    """Every update of an epoch as each rank sees it: [[rank 0's batches, rank 1's, ...], ...]."""
+    return [[deal(order[k : k + per_update], r, world_size) for r in range(world_size)]
+            for k in range(0, len(order), per_update)]
+
+
+def test_any_processes_times_update_freq_of_one_product_sees_the_same_sentences_in_every_update():
     src, tgt = lengths(1001, seed=4)
-    batches = make_batches(src, tgt, 1024)
-    shards = [epoch_batches(batches, epoch=5, seed=0, rank=r, world_size=world_size) for r in range(world_size)]
-    assert len({len(s) for s in shards}) == 1
-    seen = np.concatenate([np.concatenate(s) for s in shards])
-    assert sorted(seen.tolist()) == list(range(1001))
-    for s in shards:
-        for b in s:
-            assert len(b) * max(src[b].max(), tgt[b].max()) <= 1024
+    order = epoch_order(make_batches(src, tgt, 1024), epoch=5, seed=0)
+    assert len(order) % 8  # an epoch's last update is partial
+    by_world = {w: _updates(order, 8, w) for w in (1, 2, 8)}  # 8 x 1, 2 x 4, 1 x 8
+    for updates in by_world.values():
+        assert len(updates) == -(-len(order) // 8)
+        for ranks, ref in zip(updates, by_world[1], strict=True):
+            assert sorted(np.concatenate([b for r in ranks for b in r]).tolist()) == sorted(
+                np.concatenate(ref[0]).tolist())
+            assert len({len(r) for r in ranks}) == 1 and all(len(r) >= 1 for r in ranks)  # as many passes each
+            assert sum(len(b) == 0 for r in ranks for b in r) < len(ranks)  # empty ones only to even the passes
+            for r in ranks:
+                for b in r:
+                    assert len(b) * max(src[b].max(initial=0), tgt[b].max(initial=0)) <= 1024
+    full = by_world[2][0]  # a full update: each rank its 4 batches, in order
+    assert [b.tolist() for b in full[0] + full[1]] == [b.tolist() for b in order[:8]]
 
 
-def test_too_few_examples_for_the_ranks_is_a_clear_error():
-    batches = make_batches(np.array([3]), np.array([3]), 100)
-    with pytest.raises(ConfigError, match="processes"):
-        epoch_batches(batches, 0, 0, rank=0, world_size=2)
+def test_an_update_short_of_batches_gives_the_other_ranks_empty_ones():
+    batches = make_batches(np.array([3]), np.array([3]), 100)  # one sentence, 8 processes
+    shares = [deal(batches, r, world_size=8) for r in range(8)]
+    assert [len(share) for share in shares] == [1] * 8
+    assert shares[0][0].tolist() == [0] and all(len(share[0]) == 0 for share in shares[1:])
 
 
 def test_length_buckets_are_few_and_never_shorter():

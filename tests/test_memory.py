@@ -221,7 +221,12 @@ def test_train_cli_auto_on_cpu_says_so_and_records_the_default(toy_data_dir, tmp
     assert status == 0, err
     assert "--max-tokens auto: the default micro-batch" in err
     config = json.loads((run / "config.json").read_text())
-    assert config["options"]["max_tokens"] == "auto" and config["max_tokens"] == 2048  # tiny's CPU default
+    from nmt_cli.training.plan import plan_run
+
+    default = plan_run(TrainConfig(str(toy_data_dir), str(tmp_path / "other"), preset="tiny", gpus=0, precision="fp32",
+                                   model={"d_model": 32, "d_ff": 64, "encoder_layers": 1, "decoder_layers": 1}))
+    assert config["options"]["max_tokens"] == "auto" and config["max_tokens"] == default.batching.max_tokens
+    assert config["update_freq"] == default.batching.update_freq
 
 
 # ---- out of memory ----------------------------------------------------------------------------------------------

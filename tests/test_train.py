@@ -424,6 +424,18 @@ def test_two_gloo_processes_train_and_agree(toy_data_dir, tmp_path):
     assert load(tmp_path / "run" / "checkpoint_last.pt").train_state["world_size"] == 2
 
 
+def test_cpu_processes_are_started_before_torch_is_imported_only_when_their_number_is_sure(monkeypatch):
+    from nmt_cli.training.spawn import early_world_size
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert early_world_size(None, 2) == early_world_size(0, 2) == 2
+    assert early_world_size(None, 1) is None and early_world_size(2, 1) is None  # GPUs: counted by torch first
+    assert early_world_size(None, 10**6) is None  # refused by plan_launch: nothing started
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("LOCAL_RANK", "0")
+    assert early_world_size(None, 2) is None  # torchrun started the processes
+
+
 def test_two_gloo_processes_resume_together(toy_data_dir, tmp_path):
     train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=3, cpu_procs=2))
     result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, cpu_procs=2))
@@ -456,6 +468,50 @@ def test_ranks_without_the_checkpoint_rank_0_resumes_from_stop_the_run(toy_data_
     assert len(lines) == 1 and "rank 1 cannot see" in lines[0] and "checkpoint_last.pt" in lines[0], errs[0]
     assert (nodes[0] / "run" / "checkpoint_last.pt").read_bytes() == before
     assert not (nodes[1] / "run").exists()
+
+
+class _Ranks:
+    """One rank of two as `agree_on_resume` sees it, the other rank's side scripted: what rank 0 broadcasts (for
+    rank 1) and what the other rank answers in gathers (nothing wrong, nothing unsure)."""
+
+    def __init__(self, rank: int, broadcasts: list | None = None):
+        self.distributed, self.rank, self.is_main, self.broadcasts = True, rank, rank == 0, broadcasts
+
+    def broadcast_object(self, obj):
+        return obj if self.is_main else self.broadcasts.pop(0)
+
+    def gather_objects(self, obj):
+        other = False if isinstance(obj, bool) else None
+        return [obj, other] if self.is_main else [other, obj]
+
+
+def test_the_checkpoint_to_resume_is_hashed_only_where_a_rank_sees_another_file(tmp_path, monkeypatch):
+    """Every rank must resume from rank 0's very checkpoint. Shared storage (the same size and modification time)
+    reads nothing; a copy (another time) is hashed, by rank 0 and by that rank once; other bytes stop the run."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Plan:
+        resume_from: str | None
+        finished: dict | None = None
+
+    ckpt = tmp_path / "checkpoint_last.pt"
+    ckpt.write_bytes(b"x" * 1000)
+    hashed = []
+    real_sha = plan_mod.file_sha256
+    monkeypatch.setattr(plan_mod, "file_sha256", lambda path: hashed.append(path) or real_sha(path))
+    st = ckpt.stat()
+    same = {"path": str(ckpt), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    assert plan_mod.agree_on_resume(Plan(str(ckpt)), _Ranks(0)).resume_from == str(ckpt)
+    assert plan_mod.agree_on_resume(Plan(None), _Ranks(1, [same])).resume_from == str(ckpt)
+    assert hashed == []
+    copied = {**same, "mtime_ns": st.st_mtime_ns - 10**9}
+    assert plan_mod.agree_on_resume(Plan(None), _Ranks(1, [copied, real_sha(ckpt)])).resume_from == str(ckpt)
+    assert len(hashed) == 1
+    with pytest.raises(TrainingError, match="rank 1 sees another .* than rank 0 \\(different bytes\\)"):
+        plan_mod.agree_on_resume(Plan(None), _Ranks(1, [copied, "0" * 64]))
+    with pytest.raises(TrainingError, match="rank 1 cannot see"):
+        plan_mod.agree_on_resume(Plan(None), _Ranks(1, [{**same, "path": str(tmp_path / "elsewhere.pt")}]))
 
 
 def _children(pid: int) -> list[tuple[int, str, dict]]:
@@ -688,6 +744,7 @@ def _cli_args(data_dir, run, *extra):
     (["--precision", "fp16", "--gpus", "0"], "fp16"),
     (["--gpus", "64"], "--gpus 64"),
     (["--max-tokens", "4"], "--max-tokens"),
+    (["--max-tokens", "4", "--cpu-procs", "2"], "--max-tokens"),  # the second process, started early, stops quietly
 ])
 def test_bad_input_is_one_line_and_writes_nothing(toy_data_dir, tmp_path, extra, message):
     run = tmp_path / "run"
@@ -757,7 +814,10 @@ def test_fp16_loss_scaler_skips_and_counts_overflowed_updates(toy_data_dir, tmp_
     """The fp16 path (autocast + dynamic loss scaling), exercised on CPU where torch supports it: an update whose
     gradients overflow is skipped (weights untouched, scale halved), counted, and does not advance the step."""
     fp16 = Launch("cpu", 1, None, False, "fp16")
-    monkeypatch.setattr(plan_mod, "plan_launch", lambda *a, **kw: fp16)  # nmt train refuses fp16 on CPU
+    from nmt_cli.training import launch as launch_mod
+
+    for module in (plan_mod, launch_mod):  # nmt train refuses fp16 on CPU
+        monkeypatch.setattr(module, "plan_launch", lambda *a, **kw: fp16)
     calls = poison_loss(monkeypatch, at=3, factor=float("inf"))
     run = tmp_path / "run"
     result = train(small_cfg(toy_data_dir, run, max_steps=6, precision="fp16", save_every=100))  # one validation

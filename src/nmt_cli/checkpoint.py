@@ -119,10 +119,11 @@ _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 _NOT_OURS = "pass a checkpoint written by nmt train or nmt average"
 
 
-def _torch_load(path: Path, map_location) -> Any:
+def _torch_load(path: Path, map_location, mmap: bool = False) -> Any:
     """torch.load(weights_only=True), every failure a CheckpointError of our own words naming the file: not a
     PyTorch file at all, a truncated or corrupt one, or one holding objects that are not tensors or plain data.
-    torch's warnings are silenced (e.g. about a pickle protocol): the error says what matters."""
+    torch's warnings are silenced (e.g. about a pickle protocol): the error says what matters. `mmap`: the tensors
+    are mapped from the file, not read (zip archives only; a legacy file is read whole)."""
     with open(path, "rb") as f:
         head = f.read(len(_LEGACY_MAGIC))
     if head.startswith(b"\x80") and not head.startswith(_LEGACY_MAGIC):
@@ -136,7 +137,8 @@ def _torch_load(path: Path, map_location) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(path, map_location=map_location, weights_only=True,
+                              mmap=mmap and head.startswith(_ZIP_MAGIC))
     except pickle.UnpicklingError as exc:
         found = re.search(r"GLOBAL\s+([\w.]+)", str(exc))
         if found:
@@ -162,8 +164,10 @@ def _check_zip(path: Path) -> None:
         raise CheckpointError(f"{path}: a zip archive but not a PyTorch checkpoint (no data.pkl in it); {_NOT_OURS}")
 
 
-def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Read a checkpoint; any problem becomes a one-line CheckpointError naming the file."""
+def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
+    """Read a checkpoint; any problem becomes a one-line CheckpointError naming the file. `mmap=True` maps the
+    tensors instead of reading them (cheap when only the configuration is looked at, e.g. not the optimizer state
+    of a training checkpoint)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint file; check the path (nmt train writes RUN_DIR/checkpoint_last.pt)")
@@ -171,7 +175,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> C
         raise CheckpointError(f"{path} is a directory; pass a checkpoint file such as {path}/checkpoint_best.pt")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (an interrupted copy?); use another checkpoint")
-    data = _torch_load(path, map_location)
+    data = _torch_load(path, map_location, mmap)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no '{FORMAT}' marker); pass a file written by nmt train or nmt average")
     version = data.get("version")

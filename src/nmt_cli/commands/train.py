@@ -19,8 +19,8 @@ from nmt_cli.precision import TrainPrecision
 _SUMMARY = "Train a Transformer on a prepared data directory"
 _HELP = (
     "Train the Transformer on a directory written by nmt prepare, with the recipe of 'Attention Is All You Need': "
-    "Adam (0.9, 0.98, 1e-9), the inverse-square-root schedule, label smoothing 0.1 and about 25000 target tokens "
-    "per update (--max-tokens x --update-freq x processes; --update-freq auto reaches it).\n\n"
+    "Adam (0.9, 0.98, 1e-9), the inverse-square-root schedule, label smoothing 0.1 and about 25000 real (unpadded) "
+    "target tokens per update (--max-tokens x --update-freq x processes; the defaults reach it).\n\n"
     "RUN_DIR gets checkpoint_last.pt (to resume), checkpoint_best.pt (lowest validation loss, or highest BLEU with "
     "--valid-bleu), a checkpoint_<step>.pt every --save-every updates (the last --keep-last kept), averaged.pt "
     "(the mean of the last --average-last: the paper's 5, big 20), metrics.jsonl and train.log. A run resumes by "
@@ -129,15 +129,17 @@ def register(app: typer.Typer) -> None:
                                    show_default="tiny 400, base and big 4000", help="Warmup updates."),
         max_tokens: str = typer.Option(
             None, "--max-tokens", callback=int_or_auto, metavar="N|auto", rich_help_panel=_RECIPE,
-            show_default="update size / processes, at most 8192 on CPU (tiny 2048)",
+            show_default="what holds the update's real tokens / processes, at most 8192 on CPU (tiny 2048)",
             help="Padded tokens per micro-batch per process; auto: the largest that fits the GPU, probed at the "
                  "start (on CPU: the default)."),
         update_freq: str = typer.Option("auto", "--update-freq", callback=int_or_auto, metavar="N|auto",
                                         rich_help_panel=_RECIPE,
-                                        help="Micro-batches per update, or auto to reach --update-tokens."),
+                                        help="Micro-batches per process per update, or auto to reach "
+                                             "--update-tokens. Processes x update-freq fixes the update: 1 GPU with "
+                                             "--update-freq 8 trains on the batches of 8 GPUs with 1."),
         update_tokens: int = typer.Option(None, "--update-tokens", min=1, metavar="N", rich_help_panel=_RECIPE,
                                           show_default="25000; tiny 2048",
-                                          help="Target tokens per update for --update-freq auto."),
+                                          help="Real (unpadded) target tokens per update, as the loss counts them."),
         clip_norm: float = typer.Option(0.0, "--clip-norm", min=0.0, metavar="NORM", rich_help_panel=_RECIPE,
                                         help="Clip the gradient norm (0: off)."),
         label_smoothing: float = typer.Option(0.1, "--label-smoothing", min=0.0, max=0.99, metavar="EPSILON",
@@ -188,6 +190,7 @@ def register(app: typer.Typer) -> None:
         from nmt_cli import cpus
         from nmt_cli.training import recipe_file
         from nmt_cli.training.config import TrainConfig
+        from nmt_cli.training.spawn import Ranks, early_world_size
 
         model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
                  "attention_dropout": attention_dropout,
@@ -213,15 +216,25 @@ def register(app: typer.Typer) -> None:
             if options[key] is None:
                 where = f"; {config} has no {'data.' if key == 'data_dir' else ''}{key}" if config else ""
                 raise usage_error(f"missing {what}{where}")
-        if threads is None and options["threads"] is None:
+        if options["threads"] is None:
             cpus.start()  # the free cores, sampled while the run is planned
-        from nmt_cli.training.launch import train as run_training
+        ranks, world = None, early_world_size(options["gpus"], options["cpu_procs"])
+        if world is not None:  # the other processes start first: their imports overlap this one's (spawn.py)
+            if options["threads"] is None:
+                cpus.start().others_busy()  # (the free cores, counted before they load them)
+            ranks = Ranks(world)
+        try:
+            from nmt_cli.training.launch import train as run_training
+        except BaseException:
+            if ranks is not None:
+                ranks.cancel()
+            raise
 
         cfg = TrainConfig(**options)
         display = Display(live=sys.stderr.isatty(), log_every=cfg.log_every)
         run_dir = Path(cfg.out_dir)
         try:
-            result = run_training(cfg, progress=display)
+            result = run_training(cfg, progress=display, ranks=ranks)
         except KeyboardInterrupt:  # a second Ctrl-C/SIGTERM: stop at once (checkpoint files are written atomically)
             display.close()
             held = (f"still holds update {display.last_saved}" if display.last_saved is not None
@@ -360,8 +373,9 @@ class Display:
         self.line(f"training {e['preset']} ({e['params'] / 1e6:.1f}M parameters) on {where}, {e['precision']}"
                   f"{threads}")
         self.line(f"batch: --max-tokens {e['max_tokens']} x --update-freq {e['update_freq']} x {e['world_size']} "
-                  f"process(es) = at most {e['max_tokens_per_update']} padded tokens, ~{e['tgt_tokens_per_update']:.0f} "
-                  f"target tokens per update ({e['batches_per_epoch']} batches/epoch, "
+                  f"process(es): ~{e['tgt_tokens_per_update']:.0f} target and ~{e['src_tokens_per_update']:.0f} source "
+                  f"tokens per update, real ones (--update-tokens {e['update_tokens']}); at most "
+                  f"{e['max_tokens_per_update']} padded ({e['batches_per_epoch']} batches/epoch, "
                   f"{100 * e['padding_efficiency']:.0f}% non-pad)")
         if e.get("max_tokens_auto"):
             self.line(f"--max-tokens auto: {e['max_tokens_auto']}")

@@ -2,11 +2,16 @@
 
 Sentences are sorted by length and packed greedily so that each batch holds at most `max_tokens` padded source
 tokens and at most `max_tokens` padded target tokens. Batch sizes are rounded down to a multiple of 8 where that
-is possible (the remainder starts the next batch), but no example is ever dropped.
+is possible (the remainder starts the next batch), but no example is ever dropped. The packing is numpy work, one
+step per batch rather than per sentence (docs/results.md#training-start-up has its time at WMT scale).
 
 Compiled training (`nmt train --compile`) batches differently, `shape_batches`: torch.compile specialises its code to
 each input shape, so every batch of a compiled run is padded to one of a few shapes, [rows(L), L] for source and
 target alike, L from `length_bucket`. Eager training keeps `make_batches`' tighter padding.
+
+Training deals the batches to updates and processes (`epoch_order`, `deal`): each epoch one seeded shuffle of all
+batches, the same on every process; an update takes the next processes x update-freq of them, and each process its
+share. So W processes with update-freq F see the same sentences in every update as any W' x F' = W x F.
 """
 
 from __future__ import annotations
@@ -23,27 +28,71 @@ def make_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: i
     A batch of n sentences costs n * max(src length) padded source tokens and n * max(tgt length) target tokens;
     both stay <= max_tokens. Raises ConfigError when one sentence alone exceeds max_tokens.
     """
-    src_lengths = np.asarray(src_lengths, dtype=np.int64)
-    tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
-    _check_lengths(src_lengths, tgt_lengths, max_tokens)
-    order = np.lexsort((src_lengths, tgt_lengths))  # by target length, then source length
-    cap = max_sentences or len(order) or 1
-    batches: list[np.ndarray] = []
-    start, n = 0, len(order)
-    s_sorted, t_sorted = src_lengths[order], tgt_lengths[order]
+    return LengthOrder(src_lengths, tgt_lengths).batches(max_tokens, multiple_of, max_sentences)
+
+
+class LengthOrder:
+    """The sentences sorted by (target, source) length, ready to be packed into batches of any budget (sorting is
+    the costly part: done once for several budgets)."""
+
+    def __init__(self, src_lengths: np.ndarray, tgt_lengths: np.ndarray):
+        self.src = np.asarray(src_lengths, dtype=np.int64)
+        self.tgt = np.asarray(tgt_lengths, dtype=np.int64)
+        if len(self.src) != len(self.tgt):
+            raise ValueError("src_lengths and tgt_lengths differ in length")
+        self.order = _length_order(self.src, self.tgt)
+        self.key = np.maximum(self.src, self.tgt)[self.order]  # what a sentence costs a batch: its longer side
+
+    def sizes(self, max_tokens: int, multiple_of: int = 8, max_sentences: int | None = None) -> np.ndarray:
+        """The number of sentences of each batch, batch after batch in length order (`make_batches`' packing)."""
+        _check_lengths(self.src, self.tgt, max_tokens)
+        return _pack(self.key, max_tokens, multiple_of, max_sentences or len(self.key) or 1)
+
+    def batches(self, max_tokens: int, multiple_of: int = 8, max_sentences: int | None = None) -> list[np.ndarray]:
+        return split(self.order, self.sizes(max_tokens, multiple_of, max_sentences))
+
+
+def split(indices: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
+    """`indices` cut into consecutive batches of `sizes` (views; np.split does the same 4x slower)."""
+    ends = np.cumsum(sizes).tolist()
+    return [indices[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+def _length_order(src: np.ndarray, tgt: np.ndarray) -> np.ndarray:
+    """np.lexsort((src, tgt)): by target length, then source length, ties in index order. Two stable sorts of
+    16-bit keys where lengths fit (numpy sorts those by radix: several times faster than lexsort)."""
+    if len(src) and max(int(src.max()), int(tgt.max())) < 1 << 16 and min(int(src.min()), int(tgt.min())) >= 0:
+        by_src = np.argsort(src.astype(np.uint16), kind="stable")
+        return by_src[np.argsort(tgt[by_src].astype(np.uint16), kind="stable")]
+    return np.lexsort((src, tgt))
+
+
+def _pack(key: np.ndarray, max_tokens: int, multiple_of: int, cap: int) -> np.ndarray:
+    """Greedy packing of sentences whose costs, in batch order, are `key`: a batch takes the next sentences while
+    (their number x the largest cost among them) stays <= max_tokens and their number <= cap; then its size is
+    rounded down to a multiple of `multiple_of` when above it (except the last batch). One numpy step per batch:
+    a window of the next sentences, its running maximum times 1, 2, 3, ... (increasing), and the first position
+    over the budget. The batch's first sentence bounds the window (at most max_tokens // key[start] sentences
+    fit); the window starts at about the previous batch's size and doubles until the batch ends inside it."""
+    n = len(key)
+    counts = np.arange(1, min(cap, max_tokens) + 1, dtype=np.int64)
+    sizes: list[int] = []
+    start, guess = 0, 64
     while start < n:
-        end, s_max, t_max = start, 0, 0
-        while end < n and end - start < cap:
-            s_new, t_new = max(s_max, s_sorted[end]), max(t_max, t_sorted[end])
-            if (end - start + 1) * max(s_new, t_new) > max_tokens:
+        limit = min(cap, n - start, max_tokens // max(1, int(key[start])))
+        width = min(limit, guess)
+        while True:
+            cost = np.maximum.accumulate(key[start : start + width]) * counts[:width]
+            size = int(cost.searchsorted(max_tokens, "right"))  # sentences within the budget
+            if size < width or width == limit:
                 break
-            s_max, t_max, end = s_new, t_new, end + 1
-        size = end - start
-        if end < n and size > multiple_of:
+            width = min(limit, 2 * width)
+        if start + size < n and size > multiple_of:
             size -= size % multiple_of  # round down; the rest starts the next batch
-        batches.append(order[start : start + size])
+        sizes.append(size)
         start += size
-    return batches
+        guess = size + size // 2 + multiple_of
+    return np.array(sizes, dtype=np.int64)
 
 
 def _check_lengths(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int) -> None:
@@ -93,8 +142,8 @@ def shape_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     tgt_lengths = np.asarray(tgt_lengths, dtype=np.int64)
     _check_lengths(src_lengths, tgt_lengths, max_tokens)
     longest = np.maximum(src_lengths, tgt_lengths)
-    bucket_of = {int(n): bucket_shape(n, n, max_tokens, max_length) for n in np.unique(longest)}
-    length = np.array([bucket_of[int(n)][1] for n in longest], dtype=np.int64)
+    distinct, which = np.unique(longest, return_inverse=True)
+    length = np.array([bucket_shape(n, n, max_tokens, max_length)[1] for n in distinct], dtype=np.int64)[which]
     order = np.lexsort((src_lengths, tgt_lengths, length))  # by bucket, then target and source length
     batches: list[np.ndarray] = []
     carry = order[:0]
@@ -109,38 +158,42 @@ def shape_batches(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     return batches
 
 
-def epoch_batches(batches: list[np.ndarray], epoch: int, seed: int, rank: int = 0,
-                  world_size: int = 1) -> list[np.ndarray]:
-    """This rank's batches for `epoch`: shuffled from (seed, epoch), disjoint across ranks, equal in number.
-
-    When the number of batches does not divide by world_size, the largest batches are split in two (which keeps
-    every example and every token budget) until it does.
-    """
+def epoch_order(batches: list[np.ndarray], epoch: int, seed: int) -> list[np.ndarray]:
+    """All the batches of `epoch` in training order: shuffled from (seed, epoch), the same on every process."""
     rng = np.random.default_rng([seed, epoch])
-    shuffled = [batches[i] for i in rng.permutation(len(batches))]
-    if world_size > 1:
-        while len(shuffled) % world_size:
-            j = max(range(len(shuffled)), key=lambda k: len(shuffled[k]))
-            if len(shuffled[j]) < 2:
-                raise ConfigError(f"too few examples ({sum(map(len, shuffled))}) to give each of {world_size} "
-                                  "processes a batch; use fewer processes or more data")
-            big = shuffled.pop(j)
-            half = len(big) // 2
-            shuffled[j:j] = [big[:half], big[half:]]
-    return shuffled[rank::world_size]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def deal(update: list[np.ndarray], rank: int, world_size: int) -> list[np.ndarray]:
+    """Process `rank`'s micro-batches of one update (`update`: the micro-batches of all processes, in epoch order):
+    the rank-th of world_size equal runs, so a full update of world_size x F micro-batches gives each process F of
+    them in turn. An epoch's last update may hold fewer: there the processes past its end get empty micro-batches
+    (no sentence; `collate` makes one row of padding of them, which adds nothing to the loss, the gradients or the
+    token counts), so that every process runs as many forward/backward passes as the others, and the sentences of
+    an update never depend on world_size."""
+    per_rank = -(-len(update) // world_size)
+    mine = list(update[rank * per_rank : (rank + 1) * per_rank])
+    return mine + [np.zeros(0, dtype=np.int64)] * (per_rank - len(mine))
 
 
 def padding_efficiency(batches: list[np.ndarray], src_lengths: np.ndarray, tgt_lengths: np.ndarray,
                        shape=None) -> float:
     """Non-pad tokens / all tokens (source + target) over `batches`, padded to their longest sentences or, given
     `shape` (batch indices -> (rows, length)), to that shape."""
-    real = padded = 0
-    for b in batches:
-        s, t = src_lengths[b], tgt_lengths[b]
-        real += int(s.sum() + t.sum())
-        if shape is None:
-            padded += len(b) * int(s.max() + t.max())
-        else:
-            rows, length = shape(b)
-            padded += 2 * rows * length
-    return real / padded if padded else 1.0
+    batches = [b for b in batches if len(b)]
+    if not batches:
+        return 1.0
+    if shape is None:
+        sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+        return flat_padding_efficiency(np.concatenate(batches), sizes, src_lengths, tgt_lengths)
+    real = sum(int(src_lengths[b].sum() + tgt_lengths[b].sum()) for b in batches)
+    return real / sum(2 * rows * length for rows, length in map(shape, batches))
+
+
+def flat_padding_efficiency(indices: np.ndarray, sizes: np.ndarray, src_lengths: np.ndarray,
+                            tgt_lengths: np.ndarray) -> float:
+    """`padding_efficiency` of the batches `split(indices, sizes)` (none empty), padded to their longest sentences."""
+    s, t = np.asarray(src_lengths)[indices], np.asarray(tgt_lengths)[indices]
+    starts = np.cumsum(sizes) - sizes
+    padded = int((sizes * (np.maximum.reduceat(s, starts) + np.maximum.reduceat(t, starts))).sum())
+    return (int(s.sum()) + int(t.sum())) / padded if padded else 1.0

@@ -11,6 +11,7 @@ Files are written to a temporary name and renamed when complete, so a later run 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -92,15 +93,20 @@ class IndexedArray:
         for p in (bin_path, idx_path):
             if not p.exists():
                 raise DataError(f"{p} is missing; re-run nmt prepare for this data directory")
-        self.offsets = np.fromfile(idx_path, dtype=np.int64)
+        # mapped, not read: a process that only reads sentences (a training rank) never reads the whole index
+        size = idx_path.stat().st_size
+        self.offsets = (np.memmap(idx_path, dtype=np.int64, mode="r") if size >= 8 else np.zeros(0, dtype=np.int64))
         n_tokens = int(self.offsets[-1]) if len(self.offsets) else 0
         if bin_path.stat().st_size != n_tokens * dtype.itemsize:
             raise DataError(f"{bin_path} does not match its index (truncated?); re-run nmt prepare with --force")
         self.data = np.memmap(bin_path, dtype=dtype, mode="r") if n_tokens else np.zeros(0, dtype=dtype)
-        self.lengths = np.diff(self.offsets)
+
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        return np.diff(np.asarray(self.offsets))
 
     def __len__(self) -> int:
-        return len(self.lengths)
+        return max(0, len(self.offsets) - 1)
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.data[self.offsets[i] : self.offsets[i + 1]]
@@ -183,13 +189,14 @@ def collate(pairs: list[tuple[np.ndarray, np.ndarray]], pad_id: int = PAD_ID,
     `shape` (rows, length): pad source and target to `length` positions and add rows up to `rows` (compiled
     training, batching.bucket_shape). An added row is an empty sentence, source [EOS] and target input [BOS], whose
     target output is all padding: it adds nothing to the loss, its gradient or the token counts, and no attention
-    row of it is fully masked (which would give NaN)."""
+    row of it is fully masked (which would give NaN). No pairs: one such row (a micro-batch that keeps a process in
+    step with the others, batching.deal)."""
     import torch
 
     n = len(pairs)
-    s_len = max(len(s) for s, _ in pairs) + 1
-    t_len = max(len(t) for _, t in pairs) + 1
-    rows = n
+    s_len = max((len(s) for s, _ in pairs), default=0) + 1
+    t_len = max((len(t) for _, t in pairs), default=0) + 1
+    rows = max(n, 1)
     if shape is not None:
         rows, length = shape
         if rows < n or length < max(s_len, t_len):

@@ -14,7 +14,7 @@ from nmt_cli import defaults
 from nmt_cli.errors import ConfigError
 from nmt_cli.precision import TRAIN_PRECISIONS
 
-# The paper's batch: ~25000 source + ~25000 target tokens per update (8 GPUs together).
+# The paper's batch: ~25000 source + ~25000 target tokens per update (8 GPUs together), counted as real tokens.
 PAPER_UPDATE_TOKENS = 25000
 
 # Recipe defaults per model preset. base/big are the paper's; tiny is tuned for minutes-long CPU runs on the
@@ -60,7 +60,8 @@ class TrainConfig:
     max_tokens: int | str | None = None  # padded source (and target) tokens per micro-batch per process; "auto":
     # the largest that fits the GPU, probed at the start (memory.py); on CPU the default
     update_freq: int | str = "auto"  # micro-batches accumulated per update, or "auto" (reach update_tokens)
-    update_tokens: int | None = None  # target tokens per update that "auto" aims at (the paper: 25000)
+    update_tokens: int | None = None  # real (unpadded) target tokens per update (the paper: 25000); sizes the
+    # default max_tokens and update_freq "auto"
     # stopping
     max_steps: int | None = None
     max_epochs: int | None = None
@@ -150,11 +151,12 @@ class TrainConfig:
 class BatchPlan:
     """How the tokens of one update are made: max_tokens x update_freq x processes."""
 
-    max_tokens: int
+    max_tokens: int  # padded tokens per micro-batch (source and target each), per process
     update_freq: int
     world_size: int
-    update_tokens: int  # the target "auto" aimed at
+    update_tokens: int  # the real (unpadded) target tokens per update that "auto" aims at
     probe: bool = False  # --max-tokens auto on a GPU: max_tokens is provisional until the run probes (memory.py)
+    fill: float = 1.0  # real target tokens per token of max_tokens, measured on the data (plan.py); 1: not measured
 
     @property
     def max_tokens_per_update(self) -> int:
@@ -182,15 +184,19 @@ GPU_MEMORY_SHARE = 0.8  # of the smallest GPU's memory, for the default micro-ba
 
 
 def resolve_batching(cfg: TrainConfig, world_size: int, device_type: str, model=None,
-                     gpu_memory: int | None = None, precision: str = "bf16") -> BatchPlan:
-    """Per-process micro-batch size and accumulation steps.
+                     gpu_memory: int | None = None, precision: str = "bf16", fill: float = 1.0) -> BatchPlan:
+    """Per-process micro-batch size and accumulation steps, for updates of --update-tokens real target tokens.
 
-    Default --max-tokens: the update size split over the processes. On a GPU it is the whole share when that fits
-    in GPU_MEMORY_SHARE of the GPU's memory (`train_memory_bytes`; one H200 takes base's or big's 25000-token update
-    at once), else the share is split into equal micro-batches that fit, accumulated (a 16 GB GPU runs big as 2 x
-    12500). On CPU it is capped (smaller micro-batches are as fast there and use less memory). The update size stays
-    the recipe's (the paper's 25000 tokens) in every case. --update-freq auto = round(update_tokens / (max_tokens *
-    processes)), >= 1, so one GPU with accumulation reproduces the paper's 8-GPU batch.
+    `fill`: the real target tokens that a token of the --max-tokens budget holds on this data (padding, and source
+    sides longer than their targets, take the rest: ~0.7; plan.py measures it by packing the data once). Each
+    process's share of an update is then update_tokens / (processes x fill) budget tokens.
+    Default --max-tokens: that share, in one micro-batch, or in the fewest equal micro-batches that fit: on a GPU in
+    GPU_MEMORY_SHARE of its memory (`train_memory_bytes`; one H200 takes base's or big's update at once, a 16 GB GPU
+    runs big in 2 halves), on CPU in the recipe's cpu_max_tokens (smaller micro-batches are as fast there and use
+    less memory). With a fixed --update-freq F the default is the share / F (at most cpu_max_tokens on CPU), so that
+    P processes with F micro-batches each get the same micro-batches as any P' x F' = P x F.
+    --update-freq auto: round(share / max_tokens), >= 1; plan.py replaces it by the count of the data's real
+    target tokens (`real_update_freq`) once the batches are made.
     --max-tokens auto: the default on CPU; on a GPU the default above, marked `probe`, until the run replaces it by
     what fits (`probed_batching`, memory.py).
     """
@@ -199,40 +205,46 @@ def resolve_batching(cfg: TrainConfig, world_size: int, device_type: str, model=
     probe = max_tokens == "auto" and device_type == "cuda"
     if max_tokens == "auto":  # on a GPU, the estimate below until the probe's answer (`probed_batching`)
         max_tokens = None
+    auto = cfg.update_freq == "auto"
+    share = math.ceil(update_tokens / (world_size * fill * (1 if auto else int(cfg.update_freq))))
     if max_tokens is None:
-        max_tokens = math.ceil(update_tokens / world_size)
+        max_tokens = share
         if device_type == "cpu":
-            max_tokens = min(max_tokens, cfg.recipe("cpu_max_tokens"))
-        elif model is not None and gpu_memory and cfg.update_freq == "auto":
+            cap = cfg.recipe("cpu_max_tokens")
+            max_tokens = math.ceil(share / math.ceil(share / cap)) if auto else min(share, cap)
+        elif model is not None and gpu_memory and auto:
             parts = 1
-            while parts < 64 and train_memory_bytes(model, math.ceil(max_tokens / parts), precision) > \
+            while parts < 64 and train_memory_bytes(model, math.ceil(share / parts), precision) > \
                     GPU_MEMORY_SHARE * gpu_memory:
                 parts += 1
-            max_tokens = math.ceil(max_tokens / parts)
-    if cfg.update_freq == "auto":
-        update_freq = max(1, round(update_tokens / (max_tokens * world_size)))
-    else:
-        update_freq = int(cfg.update_freq)
-    return BatchPlan(max_tokens, update_freq, world_size, update_tokens, probe)
+            max_tokens = math.ceil(share / parts)
+    update_freq = max(1, round(share / max_tokens)) if auto else int(cfg.update_freq)
+    return BatchPlan(max_tokens, update_freq, world_size, update_tokens, probe, fill)
+
+
+def real_update_freq(plan: BatchPlan, mean_tgt_tokens: float) -> int:
+    """--update-freq auto once the batches are made: the micro-batches per process whose real target tokens, on
+    average `mean_tgt_tokens` each (as the loss counts them: with EOS), come nearest to the update size."""
+    return max(1, round(plan.update_tokens / (plan.world_size * max(mean_tgt_tokens, 1.0))))
 
 
 def probe_cap(plan: BatchPlan) -> int:
     """The largest micro-batch `--max-tokens auto` looks for: one process's share of the update (a larger one would
     only make the update larger than the recipe's)."""
-    return math.ceil(plan.update_tokens / plan.world_size)
+    return math.ceil(plan.update_tokens / (plan.world_size * plan.fill))
 
 
 def probed_batching(cfg: TrainConfig, plan: BatchPlan, fits: int) -> BatchPlan:
     """The batch plan once the probe found that micro-batches of `fits` tokens fit: with --update-freq auto, the
     process's share of the update split into the fewest equal micro-batches of at most `fits` tokens (25000 on a GPU
-    that fits 14000: 2 x 12500, the update size kept); with a fixed --update-freq, micro-batches of `fits`."""
+    that fits 14000: 2 x 12500, the update size kept); with a fixed --update-freq, micro-batches of `fits`. The
+    run then counts the real target tokens of its batches again (`real_update_freq`)."""
     share = probe_cap(plan)
     if cfg.update_freq != "auto":
         return dataclasses.replace(plan, max_tokens=fits, probe=False)
     parts = math.ceil(share / max(1, min(fits, share)))
     max_tokens = math.ceil(share / parts)
-    update_freq = max(1, round(plan.update_tokens / (max_tokens * plan.world_size)))
-    return dataclasses.replace(plan, max_tokens=max_tokens, update_freq=update_freq, probe=False)
+    return dataclasses.replace(plan, max_tokens=max_tokens, update_freq=max(1, round(share / max_tokens)), probe=False)
 
 
 def resolve_average_last(cfg: TrainConfig) -> int:

@@ -1,7 +1,8 @@
 """`train(cfg)`, the entry point of `nmt train`: check everything first (`plan_run`: data directory, devices,
 precision, batch sizes, resume compatibility) so that bad input fails with one line before any file is written;
-then run one process, or start N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo) and run rank 0 here, or
-join the processes torchrun started. Each process runs `Trainer.fit()` (loop.py)."""
+then run one process, or start N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo; spawn.py: started first,
+so that their imports overlap rank 0's, and sent the plan) and run rank 0 here, or join the processes torchrun
+started. Each process runs `Trainer.fit()` (loop.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ import os
 import sys
 import threading
 
+from nmt_cli import cpus
 from nmt_cli.errors import NmtError, TrainingError
 from nmt_cli.training.checkpoints import AVERAGED, LAST
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.loop import Progress, Trainer, TrainResult
 from nmt_cli.training.plan import RunPlan, agree_on_resume, plan_run, write_run_config
-from nmt_cli.training.runtime import free_port, setup_process, shutdown_process, torchrun_env
+from nmt_cli.training.runtime import plan_launch, setup_process, shutdown_process, torchrun_env
+from nmt_cli.training.spawn import Ranks
 
 
 def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
@@ -61,10 +64,20 @@ class PeerLostError(TrainingError):
     """Another rank of the run is gone (each rank says so: the one that would have reported may be the dead one)."""
 
 
-def _child_main(plan: RunPlan, rank: int, init_method: str) -> None:
-    """Entry point of ranks 1..N-1 started by `train` (spawned processes)."""
+def child_main(conn, rank: int, init_method: str) -> None:
+    """Entry point of ranks 1..N-1 that nmt spawns (spawn.Ranks). They start before rank 0 has planned the run,
+    import what training needs meanwhile, and get the plan (batches included) from rank 0 through `conn`: None
+    when rank 0 refused the run (it reports why)."""
     try:
+        import torch._dynamo  # noqa: F401 (torch.optim imports it, ~2 s: spent while rank 0 plans)
+
+        plan = conn.recv()
+        conn.close()
+        if plan is None:
+            return
         run_process(plan, rank, rank, init_method)
+    except EOFError:  # rank 0 is gone before sending the plan (it reports why)
+        sys.exit(1)
     except PeerLostError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
@@ -90,28 +103,41 @@ def _watch_children(procs: list, done: threading.Event) -> None:
                 os._exit(1)
 
 
-def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
-    """Train as `cfg` says; returns where the checkpoints are and how the run ended."""
-    plan = plan_run(cfg)
+def train(cfg: TrainConfig, progress: Progress | None = None, ranks: Ranks | None = None) -> TrainResult:
+    """Train as `cfg` says; returns where the checkpoints are and how the run ended. `ranks`: the other processes,
+    when the caller started them already (`nmt train` does, first thing: spawn.py); else started here if needed."""
     env = torchrun_env()
-    if env is None and plan.finished:
-        return finished_result(plan)
+    try:
+        if env is None:
+            launch = plan_launch(cfg.validate().gpus, cfg.cpu_procs, cfg.precision)
+            if ranks is not None and ranks.world_size != launch.world_size:
+                ranks.cancel()
+                ranks = None
+            if launch.distributed and ranks is None:
+                if cfg.threads is None and launch.device_type == "cpu":
+                    cpus.start().others_busy()  # the free cores, counted before the ranks' imports load them
+                ranks = Ranks(launch.world_size)
+        plan = plan_run(cfg)
+        if plan.finished and env is None:  # nothing to train, nothing written (`finished_result`)
+            if ranks is not None:
+                ranks.cancel()
+            return finished_result(plan)
+        if (env is None or env[0] == 0) and not plan.finished:
+            write_run_config(plan)
+    except BaseException:
+        if ranks is not None:
+            ranks.cancel()
+        raise
     if env is not None:
         rank, _, local_rank = env
-        if rank == 0 and not plan.finished:
-            write_run_config(plan)
         return run_process(plan, rank, local_rank, "env://" if plan.launch.distributed else None,
                            progress if rank == 0 else None)
-    write_run_config(plan)
-    if not plan.launch.distributed:
+    if ranks is None:
         return run_process(plan, 0, 0, None, progress)
-    import torch.multiprocessing as mp
+    ranks.send(plan)
+    import torch._dynamo  # noqa: F401 (torch.optim imports it, ~2 s: spent while the ranks start, as theirs)
 
-    init_method = f"tcp://127.0.0.1:{free_port()}"
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_child_main, args=(plan, r, init_method)) for r in range(1, plan.launch.world_size)]
-    for p in procs:
-        p.start()
+    procs = ranks.procs
     done = threading.Event()
     threading.Thread(target=_watch_children, args=(procs, done), daemon=True).start()
     def kill_children() -> None:  # rank 0's watchdog ends the run: a stopped child would stay forever
@@ -120,7 +146,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None) -> TrainResult:
                 p.kill()
 
     try:
-        result = run_process(plan, 0, 0, init_method, progress, on_stall=kill_children)
+        result = run_process(plan, 0, 0, ranks.init_method, progress, on_stall=kill_children)
     except BaseException:
         done.set()
         for p in procs:

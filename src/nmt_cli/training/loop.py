@@ -6,9 +6,9 @@
         gradients /= total target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
         validate / save / stop as agreed
 
-Only rank 0 logs and writes files; ranks read disjoint batches (`epoch_batches`). The run around it: `plan.py`
-(checks before anything is written), `launch.py` (one process, spawned processes or torchrun's), `signals.py`,
-`metrics_log.py`.
+Only rank 0 logs and writes files; an update's batches are dealt to the ranks (`batching.deal`). The run around
+it: `plan.py` (checks before anything is written, the batches), `launch.py` (one process, spawned processes or
+torchrun's), `signals.py`, `metrics_log.py`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,16 @@ import torch
 from nmt_cli import cpus
 from nmt_cli.checkpoint import Checkpoint, load, remove_stale_tmp, save
 from nmt_cli.config import PAD_ID
-from nmt_cli.data.batching import bucket_shape, epoch_batches, make_batches, padding_efficiency, shape_batches
+from nmt_cli.data.batching import (
+    LengthOrder,
+    bucket_shape,
+    deal,
+    epoch_order,
+    flat_padding_efficiency,
+    make_batches,
+    padding_efficiency,
+    split,
+)
 from nmt_cli.data.store import Batch, ParallelData, collate, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
 from nmt_cli.memory import SAFETY, OutOfMemory, out_of_memory_advice
@@ -47,7 +56,7 @@ from nmt_cli.training.checkpoints import (
 )
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.training.metrics_log import MetricsLog, Window
-from nmt_cli.training.plan import RunPlan, _plain, write_run_config
+from nmt_cli.training.plan import RunPlan, _plain, train_batches, write_run_config
 from nmt_cli.training.runtime import DTYPES, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 from nmt_cli.training.signals import StopSignals
@@ -125,7 +134,8 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.params, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                                           **_adam_impl(device))
         self.scaler = rt.make_scaler()
-        self.step, self.epoch, self.pos = 0, 1, 0
+        self.step, self.epoch = 0, 1
+        self.pos = 0  # the data position: batches of this epoch's order (`epoch_order`, all ranks') trained on
         self.elapsed, self.best, self.bad_valids, self.overflows = 0.0, None, 0, 0
         self.best_step: int | None = None
         self.probed: int | None = None  # --max-tokens auto: the micro-batch the probe found (probe.py)
@@ -137,7 +147,7 @@ class Trainer:
             self.module.load_state_dict(load(plan.init_from, map_location=device).model_state)
         if plan.batching.probe:
             self._probe_batching()
-        self._make_batches()
+        self._make_batches(repack=plan.batching.probe)
         self.model = self._compiled(self.module) if cfg.compile else self.module
         if rt.distributed:  # DDP around the compiled model: see `data_parallel`
             self.model = data_parallel(self.model, rt)
@@ -174,30 +184,38 @@ class Trainer:
         self.probe_source = f"probed: {SAFETY:.0%} of the largest that fit, at {longest}-token sentences"
         self.plan = dataclasses.replace(self.plan, batching=probed_batching(self.cfg, self.plan.batching,
                                                                             self.probed))
-        if self.rt.is_main:
-            write_run_config(self.plan)  # config.json records the batch sizes used
 
-    def _make_batches(self) -> None:
-        plan = self.plan
-        bucketed = self.cfg.compile and self.cfg.compile_shapes == "buckets"
-        self.batches = self._train_batches(plan.model_config.max_positions if bucketed else None)
-        if self.probed is not None:
-            self.plan = dataclasses.replace(plan, mean_tgt_tokens=float(self.train_data.tgt_lengths.sum()) /
-                                            len(self.batches))
+    def _make_batches(self, repack: bool) -> None:
+        """The training batches plan_run packed (`plan.batches`), or, with `repack` (--max-tokens auto's probe
+        changed the micro-batch), packed again here (and --update-freq auto counted again: `real_update_freq`)."""
+        plan, data = self.plan, self.train_data
+        max_positions = plan.model_config.max_positions if self.cfg.compile and self.cfg.compile_shapes == "buckets" \
+            else None
+        if max_positions is not None:  # compiled: batches of a few shapes, `batch_shape(indices)` each
+            src, tgt, max_tokens = data.src_lengths, data.tgt_lengths, plan.batching.max_tokens
+            self.batch_shape = lambda idx: bucket_shape(src[idx], tgt[idx], max_tokens, max_positions)
+        if not repack:
+            self.batches = split(*plan.batches)
+        else:
+            from nmt_cli.training.config import real_update_freq
+
+            self.batches = train_batches(LengthOrder(data.src_lengths, data.tgt_lengths), plan.batching.max_tokens,
+                                         max_positions)
+            batching = plan.batching
+            if self.cfg.update_freq == "auto":
+                batching = dataclasses.replace(batching, update_freq=real_update_freq(
+                    batching, float(data.tgt_lengths.sum()) / len(self.batches)))
+            sizes = np.array([len(b) for b in self.batches])
+            self.plan = dataclasses.replace(plan, batching=batching, batches=(np.concatenate(self.batches), sizes),
+                                            mean_tgt_tokens=float(data.tgt_lengths.sum()) / len(self.batches),
+                                            mean_src_tokens=float(data.src_lengths.sum()) / len(self.batches))
+            if self.rt.is_main:
+                write_run_config(self.plan)  # config.json records the batch sizes used
         self.valid_batches = None
         if self.valid_data is not None and len(self.valid_data):
             longest = int(max(self.valid_data.src_lengths.max(), self.valid_data.tgt_lengths.max()))
             self.valid_batches = make_batches(self.valid_data.src_lengths, self.valid_data.tgt_lengths,
                                               max(plan.batching.max_tokens, longest))
-
-    def _train_batches(self, max_positions: int | None) -> list[np.ndarray]:
-        """Eager: batches padded to their longest sentence. Compiled (`max_positions` given): batches of a few
-        shapes, `batch_shape(indices)` each (batching.shape_batches), so that torch.compile reuses its code."""
-        src, tgt, max_tokens = self.train_data.src_lengths, self.train_data.tgt_lengths, self.plan.batching.max_tokens
-        if max_positions is None:
-            return make_batches(src, tgt, max_tokens)
-        self.batch_shape = lambda idx: bucket_shape(src[idx], tgt[idx], max_tokens, max_positions)
-        return shape_batches(src, tgt, max_tokens, max_positions)
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """torch.compile for the batches' fixed shapes (`dynamic=False`: code specialised to each, no symbolic
@@ -229,15 +247,17 @@ class Trainer:
         except (KeyError, ValueError, RuntimeError, TypeError) as exc:
             raise CheckpointError(f"{self.plan.resume_from}: training state does not fit this run "
                                   f"({str(exc).splitlines()[0][:150]}); pick another -o") from exc
-        if saved_world != self.rt.world_size:  # same position in the data, measured in examples
-            self.pos = self.pos * saved_world // self.rt.world_size
+        if not ts.get("pos_global"):  # an older nmt counted each rank's own batches: about the same place
+            self.pos *= saved_world
+        if saved_world != self.rt.world_size:  # the data position holds for any world size; RNG streams do not
             torch.manual_seed(self.cfg.seed + 1000 * self.rt.rank + self.step)
         elif self.rt.rank < len(rngs):
             set_rng_state(rngs[self.rt.rank], self.rt.device)
 
     def _train_state(self, rngs: list) -> dict:
         return {
-            "step": self.step, "epoch": self.epoch, "pos": self.pos, "elapsed": self.elapsed, "best": self.best,
+            "step": self.step, "epoch": self.epoch, "pos": self.pos, "pos_global": True, "elapsed": self.elapsed,
+            "best": self.best,
             "best_step": self.best_step,
             "bad_valids": self.bad_valids, "overflows": self.overflows, "world_size": self.rt.world_size,
             "optimizer": self.optimizer.state_dict(),
@@ -248,27 +268,31 @@ class Trainer:
     # -- data -----------------------------------------------------------------------------------------------------
 
     def _epoch_list(self, epoch: int) -> list:
-        """This rank's batches of `epoch` (the current and the next epoch are kept)."""
+        """All the batches of `epoch`, every rank's, in training order (the current and the next epoch are kept)."""
         if epoch not in self._epoch_cache:
-            rt = self.rt
             self._epoch_cache = {e: v for e, v in self._epoch_cache.items() if e >= epoch - 1}
-            self._epoch_cache[epoch] = epoch_batches(self.batches, epoch, self.cfg.seed, rt.rank, rt.world_size)
+            self._epoch_cache[epoch] = epoch_order(self.batches, epoch, self.cfg.seed)
         return self._epoch_cache[epoch]
 
     def _indices_after(self, epoch: int, pos: int) -> tuple[list, int, int] | None:
-        """The next update's batch indices from data position (epoch, pos), and the position after them; None
-        after --max-epochs."""
+        """This rank's batch indices of the next update from data position (epoch, pos), and the position after
+        the update; None after --max-epochs. An update is the next processes x update-freq batches of the epoch's
+        order, dealt to the ranks (`deal`): the same sentences for any processes x update-freq of the same product,
+        and a position that holds for any number of processes (resume after a change of machines)."""
         if pos >= len(self._epoch_list(epoch)):
             epoch, pos = epoch + 1, 0
         if self.cfg.max_epochs and epoch > self.cfg.max_epochs:
             return None
-        chosen = self._epoch_list(epoch)[pos : pos + self.plan.batching.update_freq]
-        return chosen, epoch, pos + len(chosen)
+        b = self.plan.batching
+        update = self._epoch_list(epoch)[pos : pos + b.update_freq * b.world_size]
+        return deal(update, self.rt.rank, self.rt.world_size), epoch, pos + len(update)
 
     def _collate(self, chosen: list) -> list[Batch]:
         """Padded micro-batches of `chosen`, in pinned memory when training on a GPU (asynchronous copies)."""
         shape = self.batch_shape or (lambda idx: None)
-        batches = [collate([self.train_data[int(i)] for i in idx], shape=shape(idx)) for idx in chosen]
+        # an empty micro-batch (`deal`) is one row of padding; compiled, in the shape of a batch that exists
+        batches = [collate([self.train_data[int(i)] for i in idx], shape=shape(idx if len(idx) else self.batches[0]))
+                   for idx in chosen]
         return [b.pin_memory() for b in batches] if self.rt.device.type == "cuda" else batches
 
     def _next_micro_batches(self) -> list[Batch] | None:
@@ -466,10 +490,11 @@ class Trainer:
             "device": self.rt.device.type, "world_size": self.rt.world_size, "precision": self.rt.precision,
             "max_tokens": b.max_tokens, "update_freq": b.update_freq,
             "max_tokens_auto": self._auto_reason() if self.cfg.max_tokens == "auto" else None,
-            "max_tokens_per_update": b.max_tokens_per_update,
+            "max_tokens_per_update": b.max_tokens_per_update, "update_tokens": b.update_tokens,
+            # real (unpadded) tokens per update expected from the batches' average (metrics' "train" records: seen)
             "tgt_tokens_per_update": plan.mean_tgt_tokens * b.update_freq * b.world_size,
-            "batches_per_epoch": len(self.batches), "padding_efficiency": padding_efficiency(
-                self.batches, self.train_data.src_lengths, self.train_data.tgt_lengths, self.batch_shape),
+            "src_tokens_per_update": plan.mean_src_tokens * b.update_freq * b.world_size,
+            "batches_per_epoch": len(self.batches), "padding_efficiency": self._padding_efficiency(),
             "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, self.cfg.lr), "warmup": plan.warmup,
             "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
             "save_every": plan.save_every, "save_minutes": plan.save_minutes, "average_last": plan.average_last,
@@ -479,6 +504,12 @@ class Trainer:
             "stale_tmp_removed": self._stale[0], "stale_tmp_bytes": self._stale[1],
             "out_dir": str(self.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
         }
+
+    def _padding_efficiency(self) -> float:
+        src, tgt = self.train_data.src_lengths, self.train_data.tgt_lengths
+        if self.batch_shape is not None:
+            return padding_efficiency(self.batches, src, tgt, self.batch_shape)
+        return flat_padding_efficiency(*self.plan.batches, src, tgt)  # (the flat form: no list to concatenate)
 
     def _auto_reason(self) -> str:
         """How --max-tokens auto chose this run's micro-batch (the run's header prints it)."""
@@ -511,9 +542,10 @@ class Trainer:
     def _fit(self) -> TrainResult:
         cfg, plan, rt = self.cfg, self.plan, self.rt
         metrics = MetricsLog(self.out_dir, rt.is_main)
-        start = {**self._start_event(), "tensorboard_note": metrics.note}
-        metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
-        self._emit(start)
+        if rt.is_main:  # (the other ranks neither log nor display)
+            start = {**self._start_event(), "tensorboard_note": metrics.note}
+            metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
+            self._emit(start)
         window, history, valid, stopped_by = Window(), [], None, "max_steps"
         last_window = window
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet

@@ -74,9 +74,11 @@ class Window:
         self.nll += nll
 
     def speed(self) -> dict:
+        """Speeds and the average real (unpadded) tokens of an update, over all processes and micro-batches."""
         return {"tgt_tokens_per_s": self.tgt_tokens / max(self.seconds, 1e-9),
                 "src_tokens_per_s": self.src_tokens / max(self.seconds, 1e-9),
-                "tgt_tokens_per_update": self.tgt_tokens / max(self.updates, 1)}
+                "tgt_tokens_per_update": self.tgt_tokens / max(self.updates, 1),
+                "src_tokens_per_update": self.src_tokens / max(self.updates, 1)}
 
     def summary(self) -> dict:
         tok = max(self.tgt_tokens, 1.0)

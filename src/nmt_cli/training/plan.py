@@ -10,12 +10,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from nmt_cli import __version__, cpus
 from nmt_cli.checkpoint import atomic_write, load
 from nmt_cli.config import ModelConfig, preset
-from nmt_cli.data.batching import make_batches
+from nmt_cli.data.batching import LengthOrder, shape_batches
 from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.training import recipe_file
@@ -23,6 +24,7 @@ from nmt_cli.training.checkpoints import LAST
 from nmt_cli.training.config import (
     BatchPlan,
     TrainConfig,
+    real_update_freq,
     resolve_average_last,
     resolve_batching,
     resolve_keep_last,
@@ -55,7 +57,9 @@ class RunPlan:
     finished: dict | None  # RUN_DIR's run already reached this run's stop (nothing is trained): `_finished`
     init_from: str | None  # a checkpoint file whose weights start the run (fine-tuning), when not resuming
     has_valid: bool
-    mean_tgt_tokens: float  # real target tokens per micro-batch, on average
+    mean_tgt_tokens: float  # real target tokens per micro-batch, on average (as the loss counts them: with EOS)
+    mean_src_tokens: float  # real source tokens per micro-batch, on average (with EOS)
+    batches: tuple[np.ndarray, np.ndarray]  # the training batches, flat: (sentence indices, sizes); `train_batches`
     threads: int | None = None  # torch threads per process (None: torch's own default, on GPUs)
     threads_reason: str = ""  # how `threads` was chosen, for the run's header
     recheck_threads: bool = False  # count the free cores again during the run (cpus.Watch): one automatic process
@@ -82,8 +86,6 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         model_config, init_from = _init_from(cfg, tokenizer)
     else:
         model_config = preset(cfg.preset, vocab_size=int(manifest["vocab_size"]), **cfg.model)
-    batching = resolve_batching(cfg, launch.world_size, launch.device_type, model_config, _gpu_memory(launch),
-                                launch.precision)
     train = ParallelData(data_dir, "train", manifest)
     if len(train) == 0:
         raise DataError(f"{data_dir}: the train split is empty; re-run nmt prepare with more data")
@@ -91,12 +93,10 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     if longest > model_config.max_positions:
         raise ConfigError(f"{data_dir} has a sentence of {longest} tokens but the model takes at most "
                           f"{model_config.max_positions}; prepare with a lower --max-len or raise --max-positions")
-    batches = make_batches(train.src_lengths, train.tgt_lengths, batching.max_tokens)
+    batching, batches = _batch(cfg, launch, model_config, train)
     if "valid" in manifest["splits"]:
         ParallelData(data_dir, "valid", manifest)  # present and consistent
-    if len(batches) * 2 < launch.world_size:
-        raise ConfigError(f"the train split makes {len(batches)} batches, too few for {launch.world_size} processes; "
-                          "use fewer processes or a smaller --max-tokens")
+    sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
     out_dir = Path(cfg.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"-o {out_dir} is a file; pass a directory for the run")
@@ -116,8 +116,53 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         finished=_finished(cfg, state, max_steps),
         init_from=init_from, has_valid="valid" in manifest["splits"],
         mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
+        mean_src_tokens=float(train.src_lengths.sum()) / len(batches),
+        batches=(np.concatenate(batches), sizes),
         **_threads(cfg, launch, env),
     )
+
+
+def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
+           train: ParallelData) -> tuple[BatchPlan, list[np.ndarray]]:
+    """The batch plan and the training batches (packed once here; every process gets them with the plan).
+
+    A default micro-batch (no --max-tokens, or auto) is sized in real target tokens. How many real target tokens
+    a token of budget holds (`fill`) is first taken as what the budget's max(source, target) leaves alone (padding
+    aside), then measured where the micro-batch lands, by packing the data there once (it is lower in smaller
+    micro-batches: docs/results.md#training-start-up has how close the update comes); the data is then packed at
+    the budget that holds the update's share. --update-freq auto counts the real target tokens of the batches
+    made (`real_update_freq`)."""
+    gpu_memory = _gpu_memory(launch)
+
+    lengths = LengthOrder(train.src_lengths, train.tgt_lengths)
+    tgt_tokens, longest = float(lengths.tgt.sum()), int(lengths.key.max())
+    default = cfg.max_tokens in (None, "auto")
+
+    def plan_for(fill: float) -> BatchPlan:
+        b = resolve_batching(cfg, launch.world_size, launch.device_type, model_config, gpu_memory, launch.precision,
+                             fill)
+        if default and b.max_tokens < longest:  # a default micro-batch holds the longest sentence at least
+            b = dataclasses.replace(b, max_tokens=longest)
+        return b
+
+    batching = plan_for(1.0)
+    if default:
+        batching = plan_for(tgt_tokens / float(lengths.key.sum()))
+        n = len(lengths.sizes(batching.max_tokens))
+        batching = plan_for(tgt_tokens / (n * batching.max_tokens))
+    batches = train_batches(lengths, batching.max_tokens,
+                            model_config.max_positions if cfg.compile and cfg.compile_shapes == "buckets" else None)
+    if cfg.update_freq == "auto":
+        batching = dataclasses.replace(batching, update_freq=real_update_freq(batching, tgt_tokens / len(batches)))
+    return batching, batches
+
+
+def train_batches(lengths: LengthOrder, max_tokens: int, max_positions: int | None) -> list[np.ndarray]:
+    """Eager: batches padded to their longest sentence (`make_batches`). Compiled (`max_positions` given): batches
+    of a few shapes (batching.shape_batches), so that torch.compile reuses its code."""
+    if max_positions is None:
+        return lengths.batches(max_tokens)
+    return shape_batches(lengths.src, lengths.tgt, max_tokens, max_positions)
 
 
 def _threads(cfg: TrainConfig, launch: Launch, env) -> dict:
@@ -180,7 +225,7 @@ def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig,
     if cfg.resume is False:
         raise ConfigError(f"--no-resume: {out_dir} already holds a run ({LAST}), which nmt never overwrites; "
                           "pick another -o, remove that directory, or drop --no-resume to resume it")
-    ckpt = load(last)
+    ckpt = load(last, mmap=True)  # the configuration only: the weights and Adam's moments stay on disk
     if ckpt.train_state is None:
         raise CheckpointError(f"{last} has no training state (an averaged or exported checkpoint?); "
                               "it cannot be resumed; pick another -o")
@@ -230,33 +275,45 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def agree_on_resume(plan: RunPlan, rt: Runtime) -> RunPlan:
-    """After the process group starts: every rank resumes from the checkpoint rank 0 chose (path and sha256) or
-    starts fresh as rank 0 does. A rank that cannot read that very file stops the whole run, every rank raising
-    the same one-line error (without this, a node that does not share the run directory would restart at update
-    0 with fresh Adam state while the others resume: the weights drift apart and the collectives hang)."""
+    """After the process group starts: every rank resumes from the checkpoint rank 0 chose or starts fresh as rank
+    0 does. A rank that cannot read that very file stops the whole run, every rank raising the same one-line error
+    (without this, a node that does not share the run directory would restart at update 0 with fresh Adam state
+    while the others resume: the weights drift apart and the collectives hang).
+
+    "That very file": the same size and modification time as rank 0's (shared storage: nothing is read), else the
+    same sha256 (a copy on a node's own disk): then rank 0 hashes its file once and only those ranks hash theirs."""
     if not rt.distributed:
         return plan
     decision = None
     if rt.is_main and plan.finished:  # nothing to train: every rank ends (`run_process`)
         decision = {"finished": plan.finished}
     elif rt.is_main and plan.resume_from is not None:
-        decision = {"path": plan.resume_from, "sha256": file_sha256(plan.resume_from)}
+        decision = {"path": plan.resume_from, **_size_and_time(Path(plan.resume_from))}
     decision = rt.broadcast_object(decision)
     if decision is not None and "finished" in decision:
         return dataclasses.replace(plan, finished=decision["finished"])
-    problem = None
+    problem, unsure = None, False
     if decision is not None and not rt.is_main:
         path = Path(decision["path"])
         if not path.is_file():
             problem = (f"rank {rt.rank} cannot see {path}, the checkpoint rank 0 resumes from; put the run "
                        "directory (-o) on storage every node shares (or copy it to every node) and start again")
-        elif file_sha256(path) != decision["sha256"]:
-            problem = (f"rank {rt.rank} sees another {path} than rank 0 (different bytes); put the run directory "
-                       "(-o) on storage every node shares (or copy rank 0's to every node) and start again")
+        else:
+            unsure = _size_and_time(path) != {k: decision[k] for k in ("size", "mtime_ns")}
+    if any(rt.gather_objects(unsure)):
+        sha256 = rt.broadcast_object(file_sha256(decision["path"]) if rt.is_main else None)
+        if unsure and file_sha256(decision["path"]) != sha256:
+            problem = (f"rank {rt.rank} sees another {decision['path']} than rank 0 (different bytes); put the run "
+                       "directory (-o) on storage every node shares (or copy rank 0's to every node) and start again")
     problems = [p for p in rt.gather_objects(problem) if p]
     if problems:
         raise TrainingError(problems[0])
     return dataclasses.replace(plan, resume_from=None if decision is None else decision["path"])
+
+
+def _size_and_time(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
 def write_run_config(plan: RunPlan) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import socket
 import time
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from nmt_cli.precision import (  # noqa: F401 (their home is precision.py; kept 
     gpu_has_native_bf16,
     resolve_precision,
 )
+from nmt_cli.training.spawn import free_port  # noqa: F401 (kept importable from here)
 
 DTYPES = dtypes()  # autocast dtypes by precision name
 
@@ -78,12 +78,6 @@ def plan_launch(gpus: int | None, cpu_procs: int, precision: str) -> Launch:
     if cpu_procs > (os.cpu_count() or 1) * 4:
         raise ConfigError(f"--cpu-procs {cpu_procs} is far more than this machine's {os.cpu_count()} cores")
     return Launch("cpu", cpu_procs, "gloo" if cpu_procs > 1 else None, False, resolve_precision(precision, "cpu"))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
