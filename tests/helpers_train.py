@@ -23,15 +23,15 @@ def poison_loss(monkeypatch, at: int, factor: float) -> dict:
 
 
 def validate_checkpoint(rank: int, world_size: int, init_method: str | None, checkpoint: str, data_dir: str,
-                        beam: int, results) -> None:
+                        beam: int, results, precision: str = "fp32") -> None:
     """One rank of a validation of `checkpoint` on `data_dir`'s valid split over gloo (`world_size` 1: no process
-    group): puts (rank, the figures, this rank's hypotheses {sentence: token ids}) on `results` (a queue)."""
+    group) at `precision`: puts (rank, the figures, this rank's hypotheses {sentence: token ids}) on `results` (a queue)."""
     from nmt_cli.checkpoint import load
     from nmt_cli.data.store import ParallelData, read_tokenizer
     from nmt_cli.training.runtime import Launch, setup_process, shutdown_process
     from nmt_cli.training.validate import Validator
 
-    launch = Launch("cpu", world_size, "gloo" if world_size > 1 else None, False, "fp32")
+    launch = Launch("cpu", world_size, "gloo" if world_size > 1 else None, False, precision)
     rt = setup_process(launch, rank, rank, 1, init_method)
     try:
         ckpt = load(checkpoint)

@@ -173,8 +173,9 @@ def test_one_name_one_number_for_the_validation_figures(toy_data_dir, tmp_path):
 
 
 def test_bf16_autocast_trains_on_cpu(toy_data_dir, tmp_path):
-    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=30, precision="bf16"))
-    assert math.isfinite(result.history[-1]["loss"])
+    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=30, precision="bf16", valid_bleu=True,
+                             valid_beam=2))
+    assert math.isfinite(result.history[-1]["loss"]) and 0.0 <= result.valid["valid_bleu"] <= 100.0
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["precision"] == "bf16"
 

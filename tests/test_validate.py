@@ -32,12 +32,12 @@ def trained(tmp_path_factory, toy_tokenizer_bytes):
     return train(cfg).last, data
 
 
-def _validate(world_size: int, checkpoint, data) -> list[tuple]:
+def _validate(world_size: int, checkpoint, data, precision: str = "fp32") -> list[tuple]:
     """(rank, figures, hypotheses) of each rank, in rank order: one rank in this process, more over gloo."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     if world_size == 1:
-        validate_checkpoint(0, 1, None, str(checkpoint), str(data), BEAM, results)
+        validate_checkpoint(0, 1, None, str(checkpoint), str(data), BEAM, results, precision)
         return [results.get(timeout=60)]
     init = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=validate_checkpoint, args=(r, world_size, init, str(checkpoint), str(data), BEAM,
@@ -65,14 +65,15 @@ def test_the_deal_gives_every_rank_a_balanced_share():
     assert [len(deal(lengths[:1], r, 2)) for r in range(2)] == [1, 0]  # more ranks than sentences
 
 
-def test_one_rank_translates_the_valid_sources_as_nmt_translate(trained, one_thread):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_one_rank_translates_the_valid_sources_as_nmt_translate(trained, one_thread, precision):
     from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
 
     checkpoint, data = trained
-    [(_, figures, hyps)] = _validate(1, checkpoint, data)
+    [(_, figures, hyps)] = _validate(1, checkpoint, data, precision)
     tok = read_tokenizer(data)
     texts = tok.decode([hyps[i] for i in range(len(hyps))])
-    translator = Translator(load_checkpoints([checkpoint]), "cpu", "fp32",
+    translator = Translator(load_checkpoints([checkpoint]), "cpu", precision,
                             TranslateConfig.from_options(beam=BEAM, workers=1))
     lines = (data / "raw" / "valid.en").read_text().splitlines()
     assert len(lines) == len(hyps) == 300

@@ -5,8 +5,9 @@ corpus BLEU of its translations, decoded as `nmt translate` decodes them.
     loss:   each rank batches its share and sums label-smoothed loss, nll and target tokens in float64; one all-reduce
     BLEU:   each rank decodes its share of the sources through the decoding engine (`decode_batches`: batches of
             similar lengths, each joining the running search's tail; on a GPU a host check every GPU_CHECK_EVERY
-            steps), the best hypotheses' token ids are gathered, rank 0 scores them once with sacrebleu and every
-            rank gets the figure, so all agree on "best" and on patience
+            steps; in bf16/fp16 a copy of the model in that dtype, as `nmt translate --precision bf16`), the best
+            hypotheses' token ids are gathered, rank 0 scores them once with sacrebleu and every rank gets the
+            figure, so all agree on "best" and on patience
 
 Dealing by length gives every rank about as many sentences and tokens of every length, so the ranks end together.
 The sources are dealt and batched by `translate.stream_batches`, `nmt translate`'s own dealing of a chunk to its
@@ -17,6 +18,7 @@ split depends only on the data and the number of ranks, never on timing.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -28,7 +30,7 @@ from nmt_cli.data.store import ParallelData, collate
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import TrainingError
 from nmt_cli.training.loss import label_smoothed_cross_entropy
-from nmt_cli.training.runtime import Runtime
+from nmt_cli.training.runtime import DTYPES, Runtime
 
 
 def deal(lengths: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -62,7 +64,8 @@ class Validator:
             self._refs: list[str] | None = None
 
     def __call__(self, module, step: int) -> dict:
-        """{valid_nll, valid_ppl, valid_loss[, valid_bleu]} of `module` (in eval mode, under the run's autocast)."""
+        """{valid_nll, valid_ppl, valid_loss[, valid_bleu]} of `module` (in eval mode): the loss under the run's
+        autocast, the translations at its precision."""
         loss, nll, n = self.loss_sums(module)
         if not math.isfinite(loss):
             raise TrainingError(f"the validation loss became {loss} at update {step}; the model diverged: lower "
@@ -89,7 +92,8 @@ class Validator:
 
     def hypotheses(self, module) -> dict[int, list[int]]:
         """This rank's share of the valid sources -> {sentence index: the best hypothesis' token ids}, decoded by the
-        decoding engine as `nmt translate` decodes (Translator.translate_ids with one stream)."""
+        decoding engine as `nmt translate` decodes (Translator.translate_ids with one stream), at the run's
+        precision (`decoding_model`)."""
         from nmt_cli.decoding import JOIN_BELOW, SearchConfig, decode_batches
         from nmt_cli.decoding.graphs import GPU_CHECK_EVERY
         from nmt_cli.translate import DEFAULT_MAX_TOKENS, TranslateConfig, stream_batches
@@ -103,8 +107,8 @@ class Validator:
             return found
         options = {"check_every": GPU_CHECK_EVERY} if rt.device.type == "cuda" else {}
         feed = (_padded([sources[i] for i in b], rt.device) for b in mine)  # made as the search takes them
-        with rt.autocast():
-            per_batch = decode_batches(module, feed, SearchConfig(beam=self.beam), join_below=JOIN_BELOW, **options)
+        per_batch = decode_batches(decoding_model(module, rt.precision), feed, SearchConfig(beam=self.beam),
+                                   join_below=JOIN_BELOW, **options)
         for b, hyps in zip(mine, per_batch, strict=True):
             found.update((i, h[0].tokens if h else []) for i, h in zip(b, hyps, strict=True))
         return found
@@ -123,6 +127,14 @@ class Validator:
             texts = self.tokenizer.decode([hyps[i] for i in range(len(self.data))])
             score = float(sacrebleu.corpus_bleu(texts, [self._refs]).score)
         return self.rt.broadcast_float(score)
+
+
+def decoding_model(module, precision: str):
+    """The model the search runs: `module` itself in fp32; in bf16 or fp16 a copy in that dtype, as `nmt translate
+    --precision bf16` decodes. (Not autocast: the decoding engine computes in its weights' dtype, and under autocast
+    a step mixes bf16 products with float32 buffers and fails.)"""
+    dtype = DTYPES[precision]
+    return module if dtype == torch.float32 else copy.deepcopy(module).to(dtype)
 
 
 def _padded(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
