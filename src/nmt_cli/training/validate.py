@@ -10,10 +10,11 @@ corpus BLEU of its translations, decoded as `nmt translate` decodes them.
             figure, so all agree on "best" and on patience
 
 Dealing by length gives every rank about as many sentences and tokens of every length, so the ranks end together.
-The sources are dealt and batched by `translate.stream_batches`, `nmt translate`'s own dealing of a chunk to its
-decoding streams, with its default batch sizes and search settings (only the beam is --valid-beam): on one rank the
-hypotheses are those of `nmt translate` (one decoding stream, fp32) for the same checkpoint, token for token. The
-split depends only on the data and the number of ranks, never on timing.
+The loss deals by the longer side of each pair (`deal`); the sources are dealt by their length and batched by
+`translate.stream_batches`, `nmt translate`'s own dealing of a chunk to its decoding streams, with its default batch
+sizes and search settings (only the beam is --valid-beam): on one rank the hypotheses are those of `nmt translate`
+(one decoding stream, the run's precision) for the same checkpoint, token for token. The split depends only on the
+data and the number of ranks, never on timing.
 """
 
 from __future__ import annotations
