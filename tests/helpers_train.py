@@ -1,4 +1,4 @@
-"""Training-test helpers: a loss poisoned at one training micro-batch."""
+"""Training-test helpers: a loss poisoned at one training micro-batch; one rank of a validation."""
 
 from __future__ import annotations
 
@@ -20,3 +20,24 @@ def poison_loss(monkeypatch, at: int, factor: float) -> dict:
 
     monkeypatch.setattr(loop_mod, "label_smoothed_cross_entropy", poisoned)
     return calls
+
+
+def validate_checkpoint(rank: int, world_size: int, init_method: str | None, checkpoint: str, data_dir: str,
+                        beam: int, results, precision: str = "fp32") -> None:
+    """One rank of a validation of `checkpoint` on `data_dir`'s valid split over gloo (`world_size` 1: no process
+    group) at `precision`: puts (rank, the figures, this rank's hypotheses {sentence: token ids}) on `results` (a queue)."""
+    from nmt_cli.checkpoint import load
+    from nmt_cli.data.store import ParallelData, read_tokenizer
+    from nmt_cli.training.runtime import Launch, setup_process, shutdown_process
+    from nmt_cli.training.validate import Validator
+
+    launch = Launch("cpu", world_size, "gloo" if world_size > 1 else None, False, precision)
+    rt = setup_process(launch, rank, rank, 1, init_method)
+    try:
+        ckpt = load(checkpoint)
+        module = ckpt.build_model(rt.device)
+        validator = Validator(ParallelData(data_dir, "valid"), read_tokenizer(data_dir), rt, 256, 0.1,
+                              ckpt.model_config.max_positions, beam)
+        results.put((rank, validator(module, step=0), validator.hypotheses(module)))
+    finally:
+        shutdown_process(rt)

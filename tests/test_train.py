@@ -175,8 +175,9 @@ def test_one_name_one_number_for_the_validation_figures(toy_data_dir, tmp_path):
 
 
 def test_bf16_autocast_trains_on_cpu(toy_data_dir, tmp_path):
-    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=30, precision="bf16"))
-    assert math.isfinite(result.history[-1]["loss"])
+    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=30, precision="bf16", valid_bleu=True,
+                             valid_beam=2))
+    assert math.isfinite(result.history[-1]["loss"]) and 0.0 <= result.valid["valid_bleu"] <= 100.0
     assert result.history[-1]["loss"] < result.history[0]["loss"]
     assert json.loads((tmp_path / "run" / "config.json").read_text())["precision"] == "bf16"
 
@@ -416,8 +417,8 @@ def test_keep_last_prunes_oldest(tmp_path):
 # ---- distributed (gloo on CPU) --------------------------------------------------------------------------------
 
 def test_two_gloo_processes_train_and_agree(toy_data_dir, tmp_path):
-    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, cpu_procs=2))
-    assert result.ranks_agree is True
+    result = train(small_cfg(toy_data_dir, tmp_path / "run", max_steps=6, cpu_procs=2, valid_bleu=True, valid_beam=2))
+    assert result.ranks_agree is True and 0.0 <= result.valid["valid_bleu"] <= 100.0  # validated on both ranks
     assert result.step == 6 and result.history[-1]["loss"] < result.history[0]["loss"] * 1.05
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["world_size"] == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import math
 import random
@@ -35,7 +36,6 @@ from nmt_cli.data.batching import (
     deal,
     epoch_order,
     flat_padding_efficiency,
-    make_batches,
     padding_efficiency,
     split,
 )
@@ -60,6 +60,7 @@ from nmt_cli.training.plan import RunPlan, _plain, train_batches, write_run_conf
 from nmt_cli.training.runtime import DTYPES, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 from nmt_cli.training.signals import StopSignals
+from nmt_cli.training.validate import Validator
 
 Progress = Callable[[dict], None]
 MIN_FP16_SCALE = 2.0**-10
@@ -211,11 +212,6 @@ class Trainer:
                                             mean_src_tokens=float(data.src_lengths.sum()) / len(self.batches))
             if self.rt.is_main:
                 write_run_config(self.plan)  # config.json records the batch sizes used
-        self.valid_batches = None
-        if self.valid_data is not None and len(self.valid_data):
-            longest = int(max(self.valid_data.src_lengths.max(), self.valid_data.tgt_lengths.max()))
-            self.valid_batches = make_batches(self.valid_data.src_lengths, self.valid_data.tgt_lengths,
-                                              max(plan.batching.max_tokens, longest))
 
     def _compiled(self, module: torch.nn.Module) -> torch.nn.Module:
         """torch.compile for the batches' fixed shapes (`dynamic=False`: code specialised to each, no symbolic
@@ -386,49 +382,25 @@ class Trainer:
 
     # -- validation -----------------------------------------------------------------------------------------------
 
-    @torch.no_grad()
-    def validate(self) -> dict | None:
-        """Loss, nll and perplexity on the valid split (sharded over ranks), plus BLEU when asked."""
-        if self.valid_batches is None:
+    @functools.cached_property
+    def validator(self) -> Validator | None:
+        """The valid split dealt to this rank (validate.py); None without one. Made at the first validation, after
+        the batch sizes are final."""
+        if self.valid_data is None or not len(self.valid_data):
             return None
-        rt, module = self.rt, self.module
-        module.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=rt.device)
-        for idx in self.valid_batches[rt.rank :: rt.world_size]:
-            batch = collate([self.valid_data[int(i)] for i in idx]).to(rt.device)
-            with rt.autocast():
-                logits = module(batch.src, batch.tgt_in, batch.src_pad_mask)
-            loss, nll, n = label_smoothed_cross_entropy(logits, batch.tgt_out, self.cfg.label_smoothing, PAD_ID)
-            sums += torch.stack([loss.detach(), nll, n]).to(torch.float64)
-        loss, nll, n = rt.all_reduce_sum(sums).tolist()
-        if not math.isfinite(loss):
-            raise TrainingError(f"the validation loss became {loss} at update {self.step}; the model diverged: lower "
-                                "--lr, raise --warmup or set --clip-norm, and resume from an earlier checkpoint")
-        # the names used everywhere (display, metrics.jsonl, checkpoint meta): valid_nll (per target token,
-        # without label smoothing), valid_ppl = exp(valid_nll), valid_loss (label-smoothed, the training objective)
-        out = {"valid_nll": nll / n, "valid_ppl": math.exp(min(nll / n, 50.0)), "valid_loss": loss / n}
-        if self.cfg.valid_bleu:
-            out["valid_bleu"] = rt.broadcast_float(self._valid_bleu() if rt.is_main else None)
-        module.train()
+        cfg = self.cfg
+        return Validator(self.valid_data, self.tokenizer, self.rt, self.plan.batching.max_tokens, cfg.label_smoothing,
+                         self.plan.model_config.max_positions, cfg.valid_beam if cfg.valid_bleu else None)
+
+    def validate(self) -> dict | None:
+        """Loss, nll and perplexity on the valid split, plus BLEU when asked: sharded over the ranks, the same
+        figures on every rank (validate.py)."""
+        if self.validator is None:
+            return None
+        self.module.eval()
+        out = self.validator(self.module, self.step)
+        self.module.train()
         return out
-
-    def _valid_bleu(self) -> float:
-        """Corpus BLEU (sacrebleu) of the beam-search translations of the valid sources, as nmt translate decodes."""
-        import sacrebleu
-
-        from nmt_cli.decoding import SearchConfig, beam_search
-
-        tok, data, rt = self.tokenizer, self.valid_data, self.rt
-        search_cfg = SearchConfig(beam=self.cfg.valid_beam)
-        hyps: dict[int, str] = {}
-        for idx in self.valid_batches:
-            batch = collate([data[int(i)] for i in idx]).to(rt.device)
-            with rt.autocast():
-                results = beam_search(self.module, batch.src, batch.src_pad_mask, search_cfg)
-            texts = tok.decode([r[0].tokens if r else [] for r in results])
-            hyps.update(zip((int(i) for i in idx), texts, strict=True))
-        refs = tok.decode([data[i][1].tolist() for i in range(len(data))])
-        return float(sacrebleu.corpus_bleu([hyps[i] for i in range(len(data))], [refs]).score)
 
     def _improved(self, valid: dict) -> bool:
         if self.cfg.valid_bleu:
