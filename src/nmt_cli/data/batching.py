@@ -55,7 +55,7 @@ class LengthOrder:
 def split(indices: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
     """`indices` cut into consecutive batches of `sizes` (views; np.split does the same 4x slower)."""
     ends = np.cumsum(sizes).tolist()
-    return [indices[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    return [indices[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)] if ends else []
 
 
 def _length_order(src: np.ndarray, tgt: np.ndarray) -> np.ndarray:

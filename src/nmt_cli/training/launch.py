@@ -69,7 +69,7 @@ def child_main(conn, rank: int, init_method: str) -> None:
     import what training needs meanwhile, and get the plan (batches included) from rank 0 through `conn`: None
     when rank 0 refused the run (it reports why)."""
     try:
-        import torch._dynamo  # noqa: F401 (torch.optim imports it, ~2 s: spent while rank 0 plans)
+        import torch._dynamo  # noqa: F401 (torch.optim imports it, seconds: spent while rank 0 plans)
 
         plan = conn.recv()
         conn.close()
@@ -108,7 +108,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None, ranks: Ranks | Non
     when the caller started them already (`nmt train` does, first thing: spawn.py); else started here if needed."""
     env = torchrun_env()
     try:
-        if env is None:
+        if env is None and (cfg.cpu_procs > 1 or (cfg.gpus or 0) > 1):  # several processes: start them first
             launch = plan_launch(cfg.validate().gpus, cfg.cpu_procs, cfg.precision)
             if ranks is not None and ranks.world_size != launch.world_size:
                 ranks.cancel()
@@ -135,7 +135,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None, ranks: Ranks | Non
     if ranks is None:
         return run_process(plan, 0, 0, None, progress)
     ranks.send(plan)
-    import torch._dynamo  # noqa: F401 (torch.optim imports it, ~2 s: spent while the ranks start, as theirs)
+    import torch._dynamo  # noqa: F401 (torch.optim imports it, seconds: spent while the ranks start, as theirs)
 
     procs = ranks.procs
     done = threading.Event()
