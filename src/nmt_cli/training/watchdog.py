@@ -133,7 +133,7 @@ class Watchdog:
                 where, pid = self.store.get(f"where/{r}").decode().rsplit(" ", 1)
                 if where == host:
                     os.kill(int(pid), signal.SIGKILL)
-            except (Exception, OSError):  # noqa: BLE001 - gone already, or another machine's
+            except Exception:  # noqa: BLE001 - gone already, or another machine's
                 pass
 
     def _end(self, why: str, publish: bool = True) -> None:
