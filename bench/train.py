@@ -170,11 +170,12 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     trainer = Trainer(plan, rt)
-    shape_fn = [trainer.batch_shape] if getattr(trainer, "batch_shape", None) else []  # (an nmt before buckets)
+    batches = _batches(trainer)
+    shape_fn = [batches.batch_shape] if getattr(batches, "batch_shape", None) else []  # (an nmt before buckets)
     t_warm = time.perf_counter()
     shapes = warm_every_shape(trainer, device) if compile and shape_fn else 0  # (dynamic: warm-up updates)
     for _ in range(warmup_updates):
-        trainer.update(trainer._next_micro_batches())
+        trainer.update(next_update(trainer))
     _sync(device)
     warm_s = time.perf_counter() - t_warm
     windows = []  # (seconds, tgt tokens, src tokens, flops, updates) per window of >= `window` seconds
@@ -183,9 +184,9 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
         flops = tgt = src = updates = 0.0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < window:
-            micro = trainer._next_micro_batches()
-            stats = trainer.update(micro)
-            for b in micro:
+            update = next_update(trainer)
+            stats = trainer.update(update)
+            for b in getattr(update, "micro_batches", update):
                 tgt_lens = b.tgt_out.ne(0).sum(1).numpy()
                 real = tgt_lens > 0  # (the empty rows that complete a compiled batch's shape do no useful work)
                 flops += model_flops(plan.model_config, (~b.src_pad_mask).sum(1).numpy()[real], tgt_lens[real])
@@ -201,7 +202,7 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
            "best_tgt_tok_s": best[1] / best[0], "best_flop_s": best[3] / best[0],
            "params": trainer.module.num_parameters(), "s_per_update": total[0] / total[4],
            "tgt_per_update": total[1] / total[4], "warmup_s": warm_s, "shapes": shapes,
-           "padding_efficiency": padding_efficiency(trainer.batches, trainer.train_data.src_lengths,
+           "padding_efficiency": padding_efficiency(batches.batches, trainer.train_data.src_lengths,
                                                     trainer.train_data.tgt_lengths, *shape_fn)}
     if device == "cuda":
         out["peak_gb"] = torch.cuda.max_memory_allocated() / 2**30
@@ -214,15 +215,26 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
     return out
 
 
+def next_update(trainer):
+    """The next update, as this nmt's Trainer.update takes it (an older nmt's: its micro-batches; PYTHONPATH=OLD/src
+    for before/after runs)."""
+    return trainer.reader.next_update() if hasattr(trainer, "reader") else trainer._next_micro_batches()
+
+
+def _batches(trainer):
+    """What holds the training batches and their shapes: the data reader (an older nmt: the Trainer itself)."""
+    return getattr(trainer, "reader", trainer)
+
+
 def warm_every_shape(trainer, device: str) -> int:
     """One update on a batch of each of the compiled run's shapes (their compilation, before any timing), each
     printed with its compile time. -> the number of shapes."""
-    first = {}
-    for idx in trainer.batches:
-        first.setdefault(trainer.batch_shape(idx), idx)
+    first, batches = {}, _batches(trainer)
+    for idx in batches.batches:
+        first.setdefault(batches.batch_shape(idx), idx)
     for i, (shape, idx) in enumerate(sorted(first.items(), key=lambda kv: kv[0][1])):
         t0 = time.perf_counter()
-        trainer.update(trainer._collate([idx]))
+        trainer.update(batches.collate([idx]) if hasattr(trainer, "reader") else trainer._collate([idx]))
         _sync(device)
         print(f"  compiled shape {i + 1}/{len(first)}: {shape[0]} rows x {shape[1]} tokens in "
               f"{time.perf_counter() - t0:.1f} s", flush=True)
@@ -312,12 +324,12 @@ def profile_update(data: Path, preset: str, max_tokens: int, updates: int = 4) -
     plan = plan_run(cfg)
     trainer = Trainer(plan, setup_process(plan.launch, 0, 0, None))
     for _ in range(3):
-        trainer.update(trainer._next_micro_batches())
+        trainer.update(next_update(trainer))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t0 = time.perf_counter()
         for _ in range(updates):
-            trainer.update(trainer._next_micro_batches())
+            trainer.update(next_update(trainer))
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
     events = prof.key_averages()

@@ -41,3 +41,18 @@ def validate_checkpoint(rank: int, world_size: int, init_method: str | None, che
         results.put((rank, validator(module, step=0), validator.hypotheses(module)))
     finally:
         shutdown_process(rt)
+
+
+def exchange_votes(rank: int, world_size: int, init_method: str, raised: dict, results) -> None:
+    """One rank of a run of 6 updates' `Votes.exchange` over gloo, raising the flags `raised` gives for (rank,
+    update): puts (rank, what each exchange returned) on `results` (a queue)."""
+    from nmt_cli.training.runtime import Launch, Votes, setup_process, shutdown_process
+
+    rt = setup_process(Launch("cpu", world_size, "gloo", False, "fp32"), rank, rank, 1, init_method)
+    try:
+        votes = Votes(rt)
+        seen = [votes.exchange(*raised.get((rank, update), (False, False))) for update in range(6)]
+        votes.drain()
+        results.put((rank, seen))
+    finally:
+        shutdown_process(rt)

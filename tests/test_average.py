@@ -8,12 +8,11 @@ import sys
 import pytest
 import torch
 
-from nmt_cli.averaging import fewer_message
+from nmt_cli.averaging import average_checkpoints, fewer_message, last_checkpoints
 from nmt_cli.checkpoint import Checkpoint, load, save
 from nmt_cli.config import preset
 from nmt_cli.errors import CheckpointError
 from nmt_cli.model import Transformer
-from nmt_cli.training.checkpoints import average_checkpoints, last_checkpoints
 
 CONFIG = dict(vocab_size=64, d_model=32, d_ff=64, n_heads=4, encoder_layers=1, decoder_layers=1)
 

@@ -19,12 +19,12 @@ import torch
 
 from helpers_train import poison_loss
 from nmt_cli import cpus
-from nmt_cli.averaging import fewer_message
+from nmt_cli.averaging import fewer_message, periodic_checkpoints
 from nmt_cli.checkpoint import load
 from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
 from nmt_cli.training import plan as plan_mod
-from nmt_cli.training.checkpoints import periodic_checkpoints, prune_periodic
+from nmt_cli.training.checkpoints import prune_periodic
 from nmt_cli.training.config import (
     TrainConfig,
     resolve_average_last,
@@ -36,6 +36,7 @@ from nmt_cli.training.config import (
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
 from nmt_cli.training.plan import plan_run
+from nmt_cli.training.reader import Update
 from nmt_cli.training.runtime import FP16_INIT_SCALE, Launch, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 
@@ -206,7 +207,7 @@ def test_gradient_accumulation_equals_one_big_batch(toy_data_dir, tmp_path):
         for size in split:
             micro.append(collate([data[i] for i in range(start, start + size)]))
             start += size
-        stats = trainer.update(micro)
+        stats = trainer.update(Update(micro, sum(b.n_tgt_tokens for b in micro), sum(b.n_src_tokens for b in micro)))
         results.append((stats, seen))
     (ref_stats, ref), others = results[0], results[1:]
     assert ref and max(float(g.abs().max()) for g in ref.values()) > 1e-3
@@ -219,7 +220,7 @@ def test_gradient_accumulation_equals_one_big_batch(toy_data_dir, tmp_path):
 
 def test_resume_equals_uninterrupted_training(toy_data_dir, tmp_path):
     """fp32 with dropout on: 2N updates straight == N updates, stop, resume for N more (bitwise)."""
-    per_epoch = len(_fresh_trainer(toy_data_dir, tmp_path / "probe").batches)
+    per_epoch = len(_fresh_trainer(toy_data_dir, tmp_path / "probe").reader.batches)
     n = per_epoch * 2 // 3 + 1  # stop mid-epoch; the resumed half crosses into the next epoch
     straight = train(small_cfg(toy_data_dir, tmp_path / "a", max_steps=2 * n))
     half = train(small_cfg(toy_data_dir, tmp_path / "b", max_steps=n))
@@ -274,10 +275,10 @@ def _signal_at(monkeypatch, step: int) -> None:
     """Send this process SIGTERM when the trainer is about to run update `step` + 1."""
     real_update = Trainer.update
 
-    def update(self, micro, stop=False, save_now=False):
+    def update(self, batches):
         if self.step == step:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real_update(self, micro, stop, save_now)
+        return real_update(self, batches)
 
     monkeypatch.setattr(Trainer, "update", update)
 
@@ -299,7 +300,8 @@ def test_a_stop_signal_saves_first_and_does_nothing_else(toy_data_dir, tmp_path,
     result = train(small_cfg(toy_data_dir, run, max_steps=1000, average_last=2))
     assert result.stopped_by == "signal" and result.signum == signal.SIGTERM
     assert validations == []
-    assert load(run / "checkpoint_last.pt").train_state["step"] == result.step == 7  # the flag is read per update
+    # the signal came during update 6; one process reads its flag right after that update
+    assert load(run / "checkpoint_last.pt").train_state["step"] == result.step == 6
     assert not (run / "averaged.pt").exists() and periodic_checkpoints(run) == []
 
 
@@ -394,8 +396,8 @@ def test_max_epochs_and_patience(toy_data_dir, tmp_path):
     result = train(small_cfg(toy_data_dir, tmp_path / "e", max_epochs=2))
     assert result.stopped_by == "max_epochs" and result.epoch == 3
     trainer = _fresh_trainer(toy_data_dir, tmp_path / "p")
-    assert trainer._improved({"valid_nll": 2.0}) and trainer._improved({"valid_nll": 1.5})
-    assert not trainer._improved({"valid_nll": 1.7}) and trainer.bad_valids == 1
+    assert trainer.best.improved({"valid_nll": 2.0}, 1) and trainer.best.improved({"valid_nll": 1.5}, 2)
+    assert not trainer.best.improved({"valid_nll": 1.7}, 3) and trainer.best.bad == 1 and trainer.best.step == 2
 
 
 def test_valid_bleu_uses_beam_search(toy_data_dir, tmp_path):
@@ -653,6 +655,35 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights
     assert all(torch.equal(a.model_state[k], b.model_state[k]) for k in a.model_state)
 
 
+def test_flags_raised_by_any_rank_are_agreed_by_all_one_update_later():
+    """runtime.Votes: rank 1's stop at update 2 and rank 0's save at update 4 reach every rank with the exchange of
+    the update after; one process reads its own flags at once."""
+    import multiprocessing as mp
+
+    from helpers_train import exchange_votes
+    from nmt_cli.training.runtime import Votes, free_port
+
+    raised = {(1, 2): (True, False), (0, 4): (False, True)}
+    want = [(False, False)] * 6
+    want[3], want[5] = (True, False), (False, True)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=exchange_votes, args=(r, 2, init, raised, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert got == [(0, want), (1, want)]
+    alone = Votes(Runtime(Launch("cpu", 1, None, False, "fp32")))
+    assert alone.exchange(True, False) == (True, False) and alone.exchange(False, True) == (False, True)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
 def test_two_nodes_on_one_machine_train_save_resume_after_a_kill_and_finish(toy_data_dir, tmp_path):
@@ -716,7 +747,7 @@ import sys, torch, torch.distributed as dist
 from torch._dynamo.backends.distributed import DDPOptimizer
 from nmt_cli.config import preset
 from nmt_cli.model import Transformer
-from nmt_cli.training.loop import data_parallel
+from nmt_cli.training.runtime import data_parallel
 from nmt_cli.training.runtime import Launch, Runtime
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)

@@ -240,7 +240,7 @@ def test_after_the_probe_the_batches_are_packed_again_and_counted_in_real_tokens
     data = trainer.train_data
     assert not b.probe and b.max_tokens <= 300 and b.max_tokens != plan.batching.max_tokens
     want = make_batches(data.src_lengths, data.tgt_lengths, b.max_tokens)
-    assert [x.tolist() for x in trainer.batches] == [x.tolist() for x in want]
+    assert [x.tolist() for x in trainer.reader.batches] == [x.tolist() for x in want]
     mean = float(data.tgt_lengths.sum()) / len(want)
     assert trainer.plan.mean_tgt_tokens == pytest.approx(mean) and b.update_freq == round(1024 / mean)
     indices, sizes = trainer.plan.batches

@@ -84,22 +84,22 @@ def test_compiled_training_sees_few_shapes(sample_data_dir, tmp_path, monkeypatc
         assert src == tgt == mask and src[1] == length_bucket(src[1]) and src[0] * src[1] <= 1024
     # every batch of the epoch has one of at most 12 shapes (lengths up to 128), and dynamo may compile them all
     trainer = _trainer(sample_data_dir, tmp_path / "run2", max_tokens=1024, compile=True)
-    all_shapes = {trainer.batch_shape(idx) for idx in trainer.batches}
+    all_shapes = {trainer.reader.batch_shape(idx) for idx in trainer.reader.batches}
     assert {(s[0], s[1]) for s, _, _ in distinct} <= all_shapes
     assert 3 <= len(all_shapes) <= 12
     assert torch._dynamo.config.recompile_limit >= len(all_shapes)
     # the eager run's batches are untouched: padded to their own longest sentence
     eager = _trainer(sample_data_dir, tmp_path / "run3", max_tokens=1024)
-    assert eager.batch_shape is None
-    batch = eager._collate([eager.batches[0]])[0]
-    assert batch.src.size(1) == int(eager.train_data.src_lengths[eager.batches[0]].max())
+    assert eager.reader.batch_shape is None
+    batch = eager.reader.collate([eager.reader.batches[0]]).micro_batches[0]
+    assert batch.src.size(1) == int(eager.train_data.src_lengths[eager.reader.batches[0]].max())
 
 
 def test_bucket_shapes_are_what_collate_pads_to(sample_data_dir, tmp_path):
     trainer = _trainer(sample_data_dir, tmp_path / "run", max_tokens=1024, compile=True)
-    for idx in trainer.batches[:20]:
-        (batch,) = trainer._collate([idx])
-        assert tuple(batch.src.shape) == tuple(batch.tgt_in.shape) == trainer.batch_shape(idx)
+    for idx in trainer.reader.batches[:20]:
+        (batch,) = trainer.reader.collate([idx]).micro_batches
+        assert tuple(batch.src.shape) == tuple(batch.tgt_in.shape) == trainer.reader.batch_shape(idx)
         lengths = trainer.train_data.tgt_lengths[idx]
         assert batch.n_tgt_tokens == int(lengths.sum()) == int(batch.tgt_out.ne(PAD_ID).sum())
     assert bucket_shape([3], [5], 1024) == (128, 8)
@@ -108,7 +108,7 @@ def test_bucket_shapes_are_what_collate_pads_to(sample_data_dir, tmp_path):
 def _three_updates(data_dir, out_dir, **kw) -> tuple[list[float], dict]:
     """The losses of 3 updates and the weights after them."""
     trainer = _trainer(data_dir, out_dir, **kw)
-    losses = [trainer.update(trainer._next_micro_batches()).loss_sum for _ in range(3)]
+    losses = [trainer.update(trainer.reader.next_update()).loss_sum for _ in range(3)]
     return losses, {k: v.clone() for k, v in trainer.module.state_dict().items()}
 
 
@@ -141,12 +141,12 @@ def test_dynamic_compile_is_one_graph_for_every_batch_shape(sample_data_dir, toy
     torch._dynamo.utils.counters.clear()
     monkeypatch.setattr(loop_mod.torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     trainer = _trainer(sample_data_dir, tmp_path / "run", max_tokens=1024, compile=True, compile_shapes="dynamic")
-    assert trainer.batch_shape is None
+    assert trainer.reader.batch_shape is None
     shapes = set()
     for _ in range(20):
-        micro = trainer._next_micro_batches()
-        shapes |= {(tuple(b.src.shape), tuple(b.tgt_in.shape)) for b in micro}
-        trainer.update(micro)
+        update = trainer.reader.next_update()
+        shapes |= {(tuple(b.src.shape), tuple(b.tgt_in.shape)) for b in update.micro_batches}
+        trainer.update(update)
     assert len(shapes) >= 10
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     _assert_same_training(_three_updates(toy_data_dir, tmp_path / "compiled", compile=True, compile_shapes="dynamic"),

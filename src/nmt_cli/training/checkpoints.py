@@ -1,26 +1,75 @@
-"""Run-directory checkpoints: names, keep-last-K, RNG state capture (averaging: nmt_cli/averaging.py).
+"""A training run's checkpoints: what rank 0 writes to the run directory, keep-last-K, RNG state capture.
 
 A run directory holds
   checkpoint_last.pt        weights + the full training state (resume from here)
   checkpoint_best.pt        weights of the best validation score so far
-  checkpoint_<step>.pt      weights saved every N updates / M minutes; the last K are kept (for averaging)
-  averaged.pt               with --average-last N, the mean of the last N checkpoint_<step>.pt
+  checkpoint_<step>.pt      weights saved every N updates (or M minutes); the last K are kept (for averaging)
+  averaged.pt               the mean of the last N checkpoint_<step>.pt (nmt_cli/averaging.py), at the end
 Every file is a normal self-contained checkpoint (nmt_cli.checkpoint) written atomically.
 Training state holds only tensors and plain data, so torch.load(weights_only=True) reads it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from nmt_cli.averaging import average_checkpoints, last_checkpoints, periodic_checkpoints, periodic_name  # noqa: F401
+from nmt_cli.averaging import average_checkpoints, last_checkpoints, periodic_checkpoints, periodic_name
+from nmt_cli.checkpoint import Checkpoint, save
 
 LAST, BEST, AVERAGED = "checkpoint_last.pt", "checkpoint_best.pt", "averaged.pt"
+
+
+class RunCheckpoints:
+    """The checkpoints of the run in `out_dir`, written with the model's configuration and its tokenizer."""
+
+    def __init__(self, out_dir: Path, model_config, tokenizer, langs, keep_last: int):
+        self.out_dir, self.model_config, self.tokenizer, self.langs = Path(out_dir), model_config, tokenizer, langs
+        self.keep_last = keep_last
+
+    def save(self, module: torch.nn.Module, meta: dict, train_state: dict, periodic: bool) -> Path:
+        """checkpoint_last.pt (weights and `train_state`) and, if `periodic`, checkpoint_<step>.pt (weights), keeping
+        the newest `keep_last` of those. -> the path of checkpoint_last.pt"""
+        weights = _weights(module)
+        save(self._checkpoint(weights, meta, train_state), self.out_dir / LAST)
+        if periodic:
+            save(self._checkpoint(weights, meta), self.out_dir / periodic_name(meta["step"]))
+            prune_periodic(self.out_dir, self.keep_last)
+        return self.out_dir / LAST
+
+    def save_best(self, module: torch.nn.Module, meta: dict) -> None:
+        save(self._checkpoint(_weights(module), meta), self.out_dir / BEST)
+
+    def average(self, n: int, note: Callable[[str], None]) -> tuple[Path, int]:
+        """averaged.pt: the mean of the last `n` checkpoint_<step>.pt (fewer: `note` says so, averaging.py).
+        -> its path and how many it averaged"""
+        paths = last_checkpoints(self.out_dir, n, note)
+        save(average_checkpoints(paths), self.out_dir / AVERAGED)
+        return self.out_dir / AVERAGED, len(paths)
+
+    def _checkpoint(self, weights: dict, meta: dict, train_state: dict | None = None) -> Checkpoint:
+        tok = self.tokenizer
+        return Checkpoint(self.model_config, weights, tok.model_bytes, self.langs, train_state, meta, tok.target_bytes,
+                          tok.vocab)
+
+
+def _weights(module: torch.nn.Module) -> dict:
+    return {k: v.detach().to("cpu") for k, v in module.state_dict().items()}
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    """SHA-1 of all weights, bitwise (to check that data-parallel ranks stayed identical)."""
+    h = hashlib.sha1()
+    for name, tensor in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(tensor.detach().to("cpu").contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def prune_periodic(run_dir: str | os.PathLike, keep_last: int) -> list[Path]:

@@ -157,6 +157,26 @@ def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
     return batching, batches
 
 
+def repacked(plan: RunPlan, batching: BatchPlan, train: ParallelData) -> RunPlan:
+    """`plan` with the training batches packed again for `batching` (--max-tokens auto's probe found another
+    micro-batch), and --update-freq auto counted again (`real_update_freq`)."""
+    batches = train_batches(LengthOrder(train.src_lengths, train.tgt_lengths), batching.max_tokens,
+                            bucket_positions(plan))
+    mean_tgt = float(train.tgt_lengths.sum()) / len(batches)
+    if plan.cfg.update_freq == "auto":
+        batching = dataclasses.replace(batching, update_freq=real_update_freq(batching, mean_tgt))
+    sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
+    return dataclasses.replace(plan, batching=batching, batches=(np.concatenate(batches), sizes),
+                               mean_tgt_tokens=mean_tgt, mean_src_tokens=float(train.src_lengths.sum()) / len(batches))
+
+
+def bucket_positions(plan: RunPlan) -> int | None:
+    """Compiled training with shape buckets (--compile --compile-shapes buckets): the longest position a batch shape
+    may have; else None (batches padded to their own longest sentences)."""
+    cfg = plan.cfg
+    return plan.model_config.max_positions if cfg.compile and cfg.compile_shapes == "buckets" else None
+
+
 def train_batches(lengths: LengthOrder, max_tokens: int, max_positions: int | None) -> list[np.ndarray]:
     """Eager: batches padded to their longest sentence (`make_batches`). Compiled (`max_positions` given): batches
     of a few shapes (batching.shape_batches), so that torch.compile reuses its code."""

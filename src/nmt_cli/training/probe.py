@@ -63,3 +63,18 @@ def largest_train_batch(module: torch.nn.Module, optimizer: torch.optim.Optimize
     fits = train_fits(module, optimizer, autocast, length, label_smoothing, extra_param_copies)
     found = largest_fitting(fits, start=4096, cap=math.ceil(cap / SAFETY), floor=length)
     return None if found is None else min(cap, max(length, int(found * SAFETY)))
+
+
+def probe_ranks(module: torch.nn.Module, optimizer: torch.optim.Optimizer, rt, longest: int, cap: int,
+                label_smoothing: float) -> int:
+    """`largest_train_batch` on every rank's GPU (before DDP and torch.compile wrap the model), the smallest answer
+    of all; running out of memory at one sentence of `longest` tokens ends the run in one line."""
+    from nmt_cli.memory import OutOfMemory
+
+    found = largest_train_batch(module, optimizer, rt.autocast, longest, cap, label_smoothing,
+                                extra_param_copies=1 if rt.distributed else 0)
+    answers = rt.gather_objects(found)
+    if any(a is None for a in answers):
+        raise OutOfMemory(f"--max-tokens auto: not even one sentence of {longest} tokens fits in GPU memory "
+                          "for a training step; use a smaller model (--preset, --d-model) or --precision bf16")
+    return min(answers)

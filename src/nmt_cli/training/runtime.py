@@ -88,7 +88,6 @@ class Runtime:
     rank: int = 0
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
-    host_group: object = None  # process group for host values (None: the default group, gloo on CPU)
     watchdog: object = None  # training/watchdog.py's Watchdog in a multi-process run
 
     @property
@@ -138,15 +137,6 @@ class Runtime:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    def agree_sum(self, values: list[float]) -> list[float]:
-        """The sums over all ranks of a few host numbers (token counts, flags), without touching the device: over
-        gloo (the default group on CPU, a second group beside NCCL on GPUs)."""
-        if not self.distributed:
-            return [float(v) for v in values]
-        t = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.host_group)
-        return t.tolist()
-
     def broadcast_float(self, value: float | None) -> float | None:
         """Rank 0's value on every rank (NaN stands for None)."""
         if not self.distributed:
@@ -161,7 +151,7 @@ class Runtime:
         if not self.distributed:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.host_group)
+        dist.broadcast_object_list(box, src=0)
         return box[0]
 
     def gather_objects(self, obj) -> list:
@@ -175,6 +165,70 @@ class Runtime:
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier()
+
+
+class Votes:
+    """Flags that every rank must act on together (stop, save), agreed a step late: the flags a rank raises at one
+    update are summed over the ranks (the default process group: NCCL on GPUs, gloo on CPU) while the next update
+    computes, and every rank reads the sums after that update. On a GPU the sum comes back in page-locked memory
+    behind an event, so reading it waits only for the exchange, never for the update queued after it, and the host
+    keeps feeding the device. One process agrees with itself at once."""
+
+    def __init__(self, rt: Runtime):
+        self.rt = rt
+        self._pending = None  # (work, result tensor on the host, event or None)
+
+    def exchange(self, *flags: bool) -> tuple[bool, ...]:
+        """Raise `flags` for this update; -> the flags agreed at the previous one (any rank's raised flag counts):
+        all False at the first update. Every rank calls it once per update, in the same order."""
+        if not self.rt.distributed:
+            return tuple(bool(f) for f in flags)
+        agreed = self._read() or (False,) * len(flags)
+        cuda = self.rt.device.type == "cuda"
+        votes = torch.tensor([float(f) for f in flags], pin_memory=cuda).to(self.rt.device, non_blocking=True)
+        work = dist.all_reduce(votes, op=dist.ReduceOp.SUM, async_op=True)
+        event = None
+        if cuda:
+            work.wait()  # (the current stream waits for NCCL's; the host does not)
+            votes = votes.to("cpu", non_blocking=True)  # (into page-locked memory)
+            event = torch.cuda.Event()
+            event.record()
+        self._pending = (work, votes, event)
+        return agreed
+
+    def drain(self) -> None:
+        """Wait for the last exchange (before the ranks leave the loop)."""
+        self._read()
+
+    def _read(self) -> tuple[bool, ...] | None:
+        if self._pending is None:
+            return None
+        work, votes, event = self._pending
+        self._pending = None
+        if event is not None:
+            event.synchronize()
+        else:
+            work.wait()
+        return tuple(v > 0 for v in votes.tolist())
+
+
+def data_parallel(module: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
+    """DDP around the model, compiled or not. With --compile the order is DDP(torch.compile(model)), the one PyTorch's
+    "Where to apply torch.compile?" recommends ("torch.compile specifically doesn't handle distributed wrapper modules
+    like DDP or FSDP very well, so consider applying torch.compile to the inner module passed to the wrapper"). The
+    backward still overlaps the all-reduce: DDP runs its module inside `_inside_ddp_forward`, and dynamo, compiling
+    under an active DDP module, splits the graph at DDP's bucket boundaries (DDPOptimizer, torch/_dynamo/
+    convert_frame.py), so each bucket's compiled backward hands its gradients to the reducer as it finishes
+    (tests/test_train.py checks that DDPOptimizer compiles the model's graphs in this order). The only buffer is the
+    constant position table: it is not broadcast before every forward."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    no_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters
+               else {"broadcast_buffers": False})  # (torch >= 2.13 renamed the option)
+    return DDP(module, device_ids=[rt.local_rank] if rt.device.type == "cuda" else None,
+               gradient_as_bucket_view=True, **no_sync)
 
 
 def agent_store(timeout: datetime.timedelta):
@@ -237,7 +291,6 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
         device = torch.device("cpu")
     if threads is not None:  # plan.py chose it (cpus.py); None: torch's default (GPUs)
         torch.set_num_threads(threads)
-    host_group = None
     run_round = 0  # torchrun's restart round, as the ranks agreed on it (`agree_round`)
     if launch.distributed:
         if not dist.is_initialized():
@@ -250,15 +303,13 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
             else:
                 dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
                                         world_size=launch.world_size, timeout=timeout)
-        if dist.get_backend() != "gloo":  # NCCL: host numbers go over a gloo group, never through the GPU
-            host_group = dist.new_group(backend="gloo")
     watchdog = None
     if launch.distributed:
         from nmt_cli.training import watchdog as dog
 
         store = dog.connect(dog.store_address(init_method), dist_timeout_s, run_round)
         watchdog = dog.Watchdog(rank, launch.world_size, dist_timeout_s, store, on_stall)
-    return Runtime(launch, rank, local_rank, device, host_group, watchdog)
+    return Runtime(launch, rank, local_rank, device, watchdog)
 
 
 def shutdown_process(runtime: Runtime, finished: bool = True) -> None:

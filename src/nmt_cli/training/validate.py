@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -128,6 +129,26 @@ class Validator:
             texts = self.tokenizer.decode([hyps[i] for i in range(len(self.data))])
             score = float(sacrebleu.corpus_bleu(texts, [self._refs]).score)
         return self.rt.broadcast_float(score)
+
+
+@dataclass
+class Best:
+    """The best validation so far by `criterion` (valid_bleu: the higher the better; valid_nll: the lower) and how
+    many validations since have not improved on it (--patience)."""
+
+    criterion: str
+    value: float | None = None
+    step: int | None = None
+    bad: int = 0
+
+    def improved(self, valid: dict, step: int) -> bool:
+        """Take validation `valid` of update `step` into account; -> whether it is the new best."""
+        value = valid[self.criterion]
+        if self.value is None or (value > self.value if self.criterion == "valid_bleu" else value < self.value):
+            self.value, self.step, self.bad = value, step, 0
+            return True
+        self.bad += 1
+        return False
 
 
 def decoding_model(module, precision: str):
