@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 DEMO_STEPS ?= 1200
 
-.PHONY: install test test-all test-lowest test-transformers4 demo lint bench clean
+.PHONY: install test test-all test-lowest test-transformers4 wheel-check demo lint bench clean
 
 install: $(VENV)/.installed
 
@@ -62,6 +62,13 @@ test-transformers4: install $(VENV)/.export
 	$(BIN)/pip install -q --no-deps --target .tf4 $(TF4) requests urllib3 certifi charset-normalizer
 	PYTHONPATH=.tf4 $(BIN)/python -m pytest tests/test_export.py tests/test_api.py
 
+# The package as users install it (CI runs it after `make test`): `python -m build` makes dist/'s sdist and wheel
+# (build isolation fetches setuptools from PyPI); the wheel, checked to hold the package only, is installed (not
+# editable) into a fresh environment that borrows .venv's dependencies, where `nmt --version` and the sample
+# pipeline run from a temporary directory (~70 s on 2 cores): scripts/wheel_check.sh.
+wheel-check: install
+	PY=$(BIN)/python bash scripts/wheel_check.sh
+
 lint: install
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/ruff check src tests bench
@@ -75,4 +82,4 @@ bench: install
 	$(BIN)/python bench/translate.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .lowest .tf4
+	rm -rf $(VENV) $(DEMO_DIR) .pytest_cache .lowest .tf4 dist build src/nmt_cli.egg-info
