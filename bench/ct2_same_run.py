@@ -18,9 +18,9 @@ import ctranslate2  # noqa: E402
 import torch  # noqa: E402
 from translate import convert_to_ct2  # noqa: E402
 
-from nmt_cli import checkpoint  # noqa: E402
-from nmt_cli.search import SearchConfig  # noqa: E402
-from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints  # noqa: E402
+from nmt_cli.checkpoints import format as checkpoint  # noqa: E402
+from nmt_cli.decoding import SearchConfig  # noqa: E402
+from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints  # noqa: E402
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from nmt_cli import checkpoint  # noqa: E402
+from nmt_cli.checkpoints import format as checkpoint  # noqa: E402
 from nmt_cli.config import ModelConfig  # noqa: E402
 from nmt_cli.model import Transformer  # noqa: E402
 
@@ -76,7 +76,7 @@ def main() -> None:
                                         decoder_layers=3))
     model.eval()
     if args.precision == "int8":
-        from nmt_cli.int8 import quantize_int8
+        from nmt_cli.inference.int8 import quantize_int8
 
         quantize_int8(model)
     print(f"one decoding step, {args.precision}, {args.threads} threads, {cpu_name()}; torch {torch.__version__}")

@@ -59,10 +59,10 @@ def main() -> None:
     import ctranslate2
     from transformers import MarianMTModel, MarianTokenizer
 
-    from nmt_cli import checkpoint
+    from nmt_cli.checkpoints import format as checkpoint
     from nmt_cli.export import ctranslate2 as ct2_export
     from nmt_cli.export import huggingface as hf_export
-    from nmt_cli.translate import TranslateConfig, Translator, _one_line
+    from nmt_cli.inference.translate import TranslateConfig, Translator, _one_line
 
     src, ref = read(args.src, args.n), read(args.ref, args.n)
     ckpt = checkpoint.load(args.checkpoint)  # loaded once: every engine gets these weights

@@ -3,7 +3,7 @@
 The nmt Transformer is rebuilt in memory as a fairseq `TransformerModel` (post-LN or pre-LN, shared or
 separate embeddings, ReLU, dropout 0, no layernorm_embedding) and translated with fairseq's own
 `SequenceGenerator`, the search behind `fairseq-generate`. nmt need not be installed: `src/` of this checkout
-is put on sys.path and `nmt_cli.checkpoint.load` reads the checkpoint (torch, sentencepiece, numpy suffice).
+is put on sys.path and `nmt_cli.checkpoints.format.load` reads the checkpoint (torch, sentencepiece, numpy suffice).
 
     /tmp/fsvenv/bin/python bench/fairseq_gen.py CHECKPOINT INPUT OUTPUT [--threads 2] [--beam 4]
         [--lenpen 0.6] [--max-len-a 1 --max-len-b 50 | --fixed-length L] [--max-tokens 2000] [-n N] [--check]
@@ -70,10 +70,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from translate import read_lines  # noqa: E402  (bench/translate.py, beside this script)
 
-from nmt_cli import checkpoint as nmt_checkpoint  # noqa: E402
+from nmt_cli.checkpoints import format as nmt_checkpoint  # noqa: E402
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
+from nmt_cli.inference.translate import TranslateConfig, length_batches  # noqa: E402
 from nmt_cli.model import sinusoidal_positions  # noqa: E402
-from nmt_cli.translate import TranslateConfig, length_batches  # noqa: E402
 
 MAX_SENTENCES = TranslateConfig().max_sentences  # nmt translate's default sentences per batch
 WARMUP_LINES = 32
@@ -254,7 +254,7 @@ def detokenize(sp, hyps: list[list[int]]) -> list[str]:
 @torch.no_grad()
 def check(ck, fs_model, dictionary, sp, lines: list[str], args) -> None:
     """Teacher-forced logits and greedy/beam outputs of the fairseq model vs nmt's own model and search."""
-    from nmt_cli.search import SearchConfig, search
+    from nmt_cli.decoding import SearchConfig, search
 
     nmt_model = ck.build_model("cpu")
     sources = [s for s in encode(sp, lines, ck.model_config.max_positions) if s][:CHECK_SENTENCES]

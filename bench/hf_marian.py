@@ -50,14 +50,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from translate import read_lines  # bench/translate.py, beside this script
 
-from nmt_cli import checkpoint
+from nmt_cli.checkpoints import format as checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.model import Transformer
 
 if TYPE_CHECKING:
     from transformers import GenerationConfig, LogitsProcessorList, MarianMTModel
 
-    from nmt_cli.checkpoint import Checkpoint
+    from nmt_cli.checkpoints.format import Checkpoint
     from nmt_cli.data.tokenizer import Tokenizer
 
 DEFAULT_HF_SITE = None
@@ -159,7 +159,7 @@ def translate(hf: MarianMTModel, sources: list[list[int]], args: argparse.Namesp
 
 def check(ck: Checkpoint, hf: MarianMTModel, lines: list[str], args: argparse.Namespace) -> bool:
     """Teacher-forced logits and greedy outputs of the two models; beam agreement for information."""
-    from nmt_cli.search import SearchConfig, beam_search, greedy_search
+    from nmt_cli.decoding import SearchConfig, beam_search, greedy_search
 
     nmt: Transformer = ck.build_model("cpu")
     tok = ck.tokenizer_obj()

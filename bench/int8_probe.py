@@ -21,7 +21,7 @@ import sacrebleu
 import torch
 
 from nmt_cli import model as model_module
-from nmt_cli import translate as T
+from nmt_cli.inference import translate as T
 
 
 def quantize(translator: T.Translator) -> None:

@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from nmt_cli.translate import Translator, set_threads, translate_stream  # noqa: E402
+from nmt_cli.inference.translate import Translator, set_threads, translate_stream  # noqa: E402
 
 
 def offline(checkpoint: str, lines: list[str], threads: int, options: dict) -> tuple[float, float, list[str]]:

@@ -1,5 +1,5 @@
 """Thread counts on an idle and a busy machine: `nmt train` and `nmt translate` as a user runs them, with the default
-threads (the free cores, nmt_cli/cpus.py) against fixed counts (--threads 1, --threads N = one per core, the
+threads (the free cores, nmt_cli/runtime/cpus.py) against fixed counts (--threads 1, --threads N = one per core, the
 default before the free cores were counted), beside 0, 1 and 2 busy processes.
 
     python bench/threads.py                       # tiny preset on the sample corpus, 2 rounds

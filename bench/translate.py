@@ -70,7 +70,7 @@ def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **co
         return path
     import torch
 
-    from nmt_cli import checkpoint
+    from nmt_cli.checkpoints import format as checkpoint
     from nmt_cli.config import ModelConfig
     from nmt_cli.data.tokenizer import Tokenizer, train_bpe
     from nmt_cli.model import Transformer
@@ -103,7 +103,7 @@ def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
     if (out_dir / "model.bin").exists() and (out_dir / "nmt_source.json").exists() \
             and (out_dir / "nmt_source.json").read_text() == source:
         return out_dir
-    from nmt_cli import checkpoint
+    from nmt_cli.checkpoints import format as checkpoint
     from nmt_cli.export import ctranslate2 as ct2_export
 
     ct2_export.export(checkpoint.load(ckpt_path), out_dir, replace=True)
@@ -117,8 +117,8 @@ def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
 def job_nmt(a: dict) -> dict:
     import torch
 
-    from nmt_cli.search import SearchConfig
-    from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
+    from nmt_cli.decoding import SearchConfig
+    from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
 
     torch.set_num_threads(a["threads"])
     lines = read_lines(Path(a["input"]), a.get("n"))
@@ -178,7 +178,7 @@ def job_ct2(a: dict) -> dict:
         sys.path.append(a["ct2_site"])
     import ctranslate2
 
-    from nmt_cli import checkpoint
+    from nmt_cli.checkpoints import format as checkpoint
 
     sp = checkpoint.load(a["checkpoint"]).tokenizer_obj().sp
     model_dir = convert_to_ct2(Path(a["checkpoint"]), Path(a["ct2_dir"]))

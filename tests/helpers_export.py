@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import toy_pairs
 from helpers_translate import tiny_config
-from nmt_cli import checkpoint
+from nmt_cli.checkpoints import format as checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.model import Transformer

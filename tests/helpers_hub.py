@@ -22,7 +22,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from nmt_cli.data.corpora import CorpusSpec
-from nmt_cli.data.sample import generate
+from nmt_cli.data.sample_corpus import generate
 
 
 def parquet_bytes(rows: list[tuple[str, str]], langs: tuple[str, str]) -> bytes:

@@ -26,7 +26,7 @@ def validate_checkpoint(rank: int, world_size: int, init_method: str | None, che
                         beam: int, results, precision: str = "fp32") -> None:
     """One rank of a validation of `checkpoint` on `data_dir`'s valid split over gloo (`world_size` 1: no process
     group) at `precision`: puts (rank, the figures, this rank's hypotheses {sentence: token ids}) on `results` (a queue)."""
-    from nmt_cli.checkpoint import load
+    from nmt_cli.checkpoints.format import load
     from nmt_cli.data.store import ParallelData, read_tokenizer
     from nmt_cli.training.runtime import Launch, setup_process, shutdown_process
     from nmt_cli.training.validate import Validator

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from nmt_cli import checkpoint
+from nmt_cli.checkpoints import format as checkpoint
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.model import Transformer

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from helpers_translate import make_checkpoint
-from nmt_cli import allocator
+from nmt_cli.inference import allocator
 
 GLIBC = sys.platform.startswith("linux") and allocator._glibc() is not None
 
@@ -31,7 +31,7 @@ def test_all_settings_are_made_unless_the_environment_gives_one(monkeypatch):
 
 
 def test_cpu_translation_makes_them(tmp_path, toy_tokenizer_bytes, monkeypatch):
-    from nmt_cli.translate import Translator
+    from nmt_cli.inference.translate import Translator
 
     monkeypatch.setattr(allocator, "_applied", None)  # as in a fresh process (mallopt again: the same values)
     Translator.load(str(make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes)), device="cpu")

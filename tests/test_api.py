@@ -14,7 +14,7 @@ from conftest import toy_pairs
 from helpers_export import train_tiny
 from helpers_hub_models import write_model_repo
 from nmt_cli.errors import ConfigError
-from nmt_cli.translate import Translator
+from nmt_cli.inference.translate import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 LINES = [p[0] for p in toy_pairs(12, seed=21)] + [""]
@@ -73,6 +73,6 @@ def test_unknown_or_bad_option_is_a_config_error(trained):
 
 def test_import_is_light_and_the_top_level_name_is_the_class():
     code = ("import sys, nmt_cli; assert 'torch' not in sys.modules; from nmt_cli import Translator, Translation; "
-            "import nmt_cli.translate as t; assert Translator is t.Translator and Translation is t.Translation")
+            "import nmt_cli.inference.translate as t; assert Translator is t.Translator and Translation is t.Translation")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from nmt_cli.averaging import average_checkpoints, fewer_message, last_checkpoints
-from nmt_cli.checkpoint import Checkpoint, load, save
+from nmt_cli.checkpoints.averaging import average_checkpoints, fewer_message, last_checkpoints
+from nmt_cli.checkpoints.format import Checkpoint, load, save
 from nmt_cli.config import preset
 from nmt_cli.errors import CheckpointError
 from nmt_cli.model import Transformer

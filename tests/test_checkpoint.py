@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt_cli import checkpoint as ckpt_mod
-from nmt_cli.checkpoint import Checkpoint, load, save
+from nmt_cli.checkpoints import format as ckpt_mod
+from nmt_cli.checkpoints.format import Checkpoint, load, save
 from nmt_cli.config import preset
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import CheckpointError

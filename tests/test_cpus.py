@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nmt_cli import cpus
+from nmt_cli.runtime import cpus
 
 STAT = """cpu  300 0 100 600 0 0 0 0 0 0
 cpu0 100 0 50 300 0 0 0 0 0 0

@@ -14,12 +14,12 @@ import torch
 from conftest import toy_pairs
 from helpers_train import poison_loss
 from helpers_translate import make_checkpoint, tiny_config
-from nmt_cli.checkpoint import load
+from nmt_cli.checkpoints.format import load
+from nmt_cli.decoding import SearchConfig, beam_search, decode_batches
+from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
 from nmt_cli.model import Transformer
-from nmt_cli.search import SearchConfig, beam_search, decode_batches
 from nmt_cli.training.launch import train
 from nmt_cli.training.loss import label_smoothed_cross_entropy
-from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
 from test_search import FullRecompute
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -234,7 +234,8 @@ def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, ba
     import torch.multiprocessing as mp
 
     from nmt_cli.training.plan import plan_run, write_run_config
-    from nmt_cli.training.runtime import Launch, free_port
+    from nmt_cli.training.runtime import Launch
+    from nmt_cli.training.spawn import free_port
 
     plan = plan_run(cuda_cfg(toy_data_dir, tmp_path / "run", max_steps=8, save_every=4))
     plan = dataclasses.replace(plan, launch=Launch("cuda", 2, backend, False, "bf16"),
@@ -255,7 +256,7 @@ def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, ba
     assert ckpt.train_state["world_size"] == 2 and ckpt.train_state["step"] == 8
 
 
-# ---- --max-tokens auto under a memory cap (nmt_cli/memory.py) ---------------------------------------------------
+# ---- --max-tokens auto under a memory cap (nmt_cli/runtime/memory.py) ---------------------------------------------------
 
 
 class memory_budget:
@@ -302,7 +303,7 @@ def test_training_probe_shrinks_with_the_memory_cap_and_its_answer_trains():
 
 
 def test_translation_probe_shrinks_with_the_memory_cap_and_its_answer_translates(tmp_path, toy_tokenizer_bytes):
-    from nmt_cli.translate import PROBE_CAP
+    from nmt_cli.inference.translate import PROBE_CAP
 
     path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1, d_model=64, d_ff=128, max_positions=160)
     lines = [" ".join(p[0] for p in toy_pairs(8, seed=i)) for i in range(300)]  # long lines: ~40 words

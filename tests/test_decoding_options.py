@@ -14,11 +14,11 @@ import torch
 
 from conftest import toy_pairs
 from helpers_translate import make_checkpoint
-from nmt_cli import alignment
 from nmt_cli.config import EOS_ID, UNK_ID
+from nmt_cli.decoding import SearchConfig, greedy_search, sample_search, search
 from nmt_cli.errors import ConfigError, DataError
-from nmt_cli.search import SearchConfig, greedy_search, sample_search, search
-from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints, translate_stream
+from nmt_cli.inference import alignment
+from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints, translate_stream
 from test_search import A, B, C, ScriptedModel, _src
 
 D = 7

@@ -1,14 +1,14 @@
-"""The search and batching defaults live in nmt_cli/defaults.py alone; the code and `--help` take them from there."""
+"""The search and batching defaults live in nmt_cli/runtime/defaults.py alone; the code and `--help` take them from there."""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-from nmt_cli import defaults
 from nmt_cli.decoding import SearchConfig
+from nmt_cli.inference.translate import DEFAULT_MAX_TOKENS
+from nmt_cli.runtime import defaults
 from nmt_cli.training.config import TrainConfig
-from nmt_cli.translate import DEFAULT_MAX_TOKENS
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "nmt_cli"
 

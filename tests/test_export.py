@@ -19,10 +19,10 @@ import torch
 from conftest import toy_pairs
 from helpers_export import train_tiny
 from helpers_translate import make_checkpoint
-from nmt_cli import checkpoint
+from nmt_cli.checkpoints import format as checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID
 from nmt_cli.errors import ConfigError
-from nmt_cli.translate import Translator
+from nmt_cli.inference.translate import Translator
 
 ct2 = pytest.importorskip("ctranslate2", reason="the export extra is not installed: pip install 'nmt-cli[export]'")
 transformers = pytest.importorskip("transformers", reason="the export extra is not installed: pip install 'nmt-cli[export]'")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from helpers_hub import LocalHub, corpus_files, write_repo  # noqa: I001
-from nmt_cli.data import corpora, hub
+from nmt_cli.data import corpora, hub_corpora
 from nmt_cli.data.prepare import PrepareOptions, prepare
-from nmt_cli.data.sample import generate
+from nmt_cli.data.sample_corpus import generate
 from nmt_cli.data.store import MANIFEST
 from nmt_cli.errors import ConfigError, DataError, DownloadError
 
@@ -141,21 +141,21 @@ def test_check_file_uses_the_blob_name_and_the_listed_sha256(tmp_path):
     cache = tmp_path / "hub"
     root = write_repo(cache, "o/r", "a" * 40, {"x.parquet": b"good bytes"})
     link = root / "snapshots" / ("a" * 40) / "x.parquet"
-    assert hub.check_file(link) is None
-    assert "the hub lists" in hub.check_file(link, expected_sha256="0" * 64)
+    assert hub_corpora.check_file(link) is None
+    assert "the hub lists" in hub_corpora.check_file(link, expected_sha256="0" * 64)
     link.resolve().write_bytes(b"bad bytes!")
-    assert "its blob is named" in hub.check_file(link)
+    assert "its blob is named" in hub_corpora.check_file(link)
     # a small non-LFS file: its blob is named by git's sha1 of "blob <size>\0" + bytes
     git = root / "blobs" / "95d09f2b10159347eece71399a7e2e907ea3df4f"  # `git hash-object` of "hello world"
     git.write_bytes(b"hello world")
-    assert hub.check_file(git) is None
+    assert hub_corpora.check_file(git) is None
     git.write_bytes(b"hello there")
-    assert "git sha1" in hub.check_file(git)
+    assert "git sha1" in hub_corpora.check_file(git)
 
 
 def test_disk_full_during_a_download_is_one_line():
     spec = corpora.CORPORA["wmt14-en-de"]
-    err = hub.hub_error(OSError(28, "No space left on device"), spec.hub, "de-en/test-00000-of-00001.parquet",
+    err = hub_corpora.hub_error(OSError(28, "No space left on device"), spec.hub, "de-en/test-00000-of-00001.parquet",
                         "download", "pass local files")
     msg = str(err)
     assert "\n" not in msg and "disk is full" in msg and "wmt/wmt14" in msg and "b199e406" in msg
@@ -192,7 +192,7 @@ def test_corrupt_cached_file_is_downloaded_again_online(tmp_path):
         assert server.downloads() == [f"/datasets/wmt/wmt16/resolve/{spec.hub.revision}/{name}"]
     warnings = [ln for ln in r.stderr.splitlines() if "warning" in ln]
     assert len(warnings) == 1 and name in warnings[0] and "corrupt" in warnings[0], r.stderr
-    assert hub.check_file(link) is None
+    assert hub_corpora.check_file(link) is None
     assert json.loads((tmp_path / "o" / MANIFEST).read_text())["splits"]["test"]["read"] == SIZES["test"]
 
 
@@ -205,14 +205,14 @@ def test_download_progress_counts_bytes_while_the_file_arrives(tmp_path):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from nmt_cli.data import hub\n"
+        "from nmt_cli.data import hub_corpora\n"
         "events = []\n"
         "def progress(stage, done, total):\n"
         "    events.append((stage, done, total))\n"
         "    if stage.startswith('download') and 0 < done < total:\n"
         f"        Path({str(seen)!r}).touch()\n"
-        f"files = hub.HubFiles('o/r', '{rev}', {{'train': ('big.parquet',)}})\n"
-        "paths = hub.fetch(files, progress=progress)\n"
+        f"files = hub_corpora.HubFiles('o/r', '{rev}', {{'train': ('big.parquet',)}})\n"
+        "paths = hub_corpora.fetch(files, progress=progress)\n"
         "partial = [d for s, d, t in events if s.startswith('download') and 0 < d < t]\n"
         "print(paths['train'][0].stat().st_size, len(partial))\n")
     with LocalHub({("o/r", rev, "big.parquet"): body}) as server:
@@ -291,7 +291,7 @@ def no_listing(monkeypatch):
     def listing(*args):
         raise AssertionError("the hub was asked for the file listing before the pre-flight checks")
 
-    monkeypatch.setattr(hub, "_list", listing)
+    monkeypatch.setattr(hub_corpora, "_list", listing)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
 
 

@@ -15,10 +15,10 @@ import torch
 from conftest import toy_pairs
 from helpers_hub_models import FakeHub, write_model_repo
 from helpers_translate import make_checkpoint
-from nmt_cli import checkpoint
+from nmt_cli.checkpoints import format as checkpoint
 from nmt_cli.errors import ConfigError
-from nmt_cli.hub import HubRef
-from nmt_cli.translate import Translator
+from nmt_cli.hub.pull import HubRef
+from nmt_cli.inference.translate import Translator
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 INPUT = "".join(p[0] + "\n" for p in toy_pairs(6, seed=9))

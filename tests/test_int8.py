@@ -10,12 +10,12 @@ import torch
 from torch import nn
 
 from helpers_translate import make_checkpoint, tiny_config, tiny_model_and_batch
-from nmt_cli import int8 as int8_module
+from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import DeviceError
-from nmt_cli.int8 import Int8Linear, quantize_int8
+from nmt_cli.inference import int8 as int8_module
+from nmt_cli.inference.int8 import Int8Linear, quantize_int8
+from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints, resolve_dtype
 from nmt_cli.model import Transformer
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints, resolve_dtype
 
 pytestmark = pytest.mark.skipif(not int8_module.int8_available(), reason="this torch build has no FBGEMM")
 

@@ -7,10 +7,8 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "nmt_cli"
-INFERENCE = ["nmt_cli.translate", "nmt_cli.decoding", "nmt_cli.search", "nmt_cli.model", "nmt_cli.ensemble",
-             "nmt_cli.export", "nmt_cli.int8", "nmt_cli.alignment", "nmt_cli.marian", "nmt_cli.pretrained",
-             "nmt_cli.hub_models", "nmt_cli.checkpoint", "nmt_cli.averaging", "nmt_cli.precision",
-             "nmt_cli.commands.translate"]
+INFERENCE = ["nmt_cli.inference", "nmt_cli.decoding", "nmt_cli.model", "nmt_cli.export", "nmt_cli.checkpoints",
+             "nmt_cli.hub", "nmt_cli.runtime", "nmt_cli.serve", "nmt_cli.commands.translate"]
 
 
 def _file(module: str) -> Path | None:
@@ -66,7 +64,7 @@ def test_inference_never_imports_training():
 
 
 def test_translating_loads_no_training_module():
-    code = ("import sys, nmt_cli.translate, nmt_cli.export.ctranslate2, nmt_cli.export.huggingface; "
+    code = ("import sys, nmt_cli.inference.translate, nmt_cli.export.ctranslate2, nmt_cli.export.huggingface; "
             "print([m for m in sys.modules if m.startswith('nmt_cli.training')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

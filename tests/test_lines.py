@@ -14,7 +14,7 @@ import pytest
 from nmt_cli import lines, metrics
 from nmt_cli.data.prepare import PrepareOptions, prepare
 from nmt_cli.data.readers import TableSource, TextPairSource
-from nmt_cli.translate import Warner, read_chunks
+from nmt_cli.inference.translate import Warner, read_chunks
 
 # Bytes -> the lines every reader must see. Python's str.splitlines() and text-mode files split most of these.
 CASES = [

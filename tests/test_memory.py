@@ -13,24 +13,23 @@ import pytest
 import torch
 
 from helpers_translate import make_checkpoint, tiny_config
-from nmt_cli import memory
-from nmt_cli.checkpoint import load
+from nmt_cli.checkpoints.format import load
 from nmt_cli.cli import main
+from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
-from nmt_cli.memory import (
+from nmt_cli.inference.probe import translate_fits, translate_shapes
+from nmt_cli.inference.translate import DEFAULT_MAX_TOKENS, TranslateConfig, Translator, load_checkpoints
+from nmt_cli.model import Transformer
+from nmt_cli.runtime import memory
+from nmt_cli.runtime.memory import (
     SAFETY,
     OutOfMemory,
     is_out_of_memory,
     largest_fitting,
     out_of_memory_advice,
-    translate_fits,
-    translate_shapes,
 )
-from nmt_cli.model import Transformer
-from nmt_cli.search import SearchConfig
 from nmt_cli.training.config import BatchPlan, TrainConfig, probed_batching, resolve_batching
 from nmt_cli.training.probe import largest_train_batch, train_fits
-from nmt_cli.translate import DEFAULT_MAX_TOKENS, TranslateConfig, Translator, load_checkpoints
 
 
 def fp32():
@@ -249,7 +248,7 @@ def test_out_of_memory_errors_become_one_line_naming_the_option():
 
 
 def test_translate_out_of_memory_is_one_line(ckpt_path, monkeypatch, capsys):
-    from nmt_cli import translate as core
+    from nmt_cli.inference import translate as core
 
     monkeypatch.setattr(core, "decode_streams", lambda *a, **kw: _cuda_oom())
     status, out, err = _main(["translate", "-m", str(ckpt_path), "--beam", "5", "--max-tokens", "700", "--threads", "1"], monkeypatch,

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from helpers_translate import make_checkpoint, tiny_model_and_batch
-from nmt_cli import packed
+from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
-from nmt_cli.packed import PackedLinear, pack_linears, use_packed
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
+from nmt_cli.inference import packed
+from nmt_cli.inference.packed import PackedLinear, pack_linears, use_packed
+from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
 
 pytestmark = pytest.mark.skipif(not packed.packed_available(), reason="this torch build has no oneDNN")
 

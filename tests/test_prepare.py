@@ -205,7 +205,7 @@ def test_truncated_output_is_redone(tmp_path):
 
 
 def test_from_dir_with_text_files(tmp_path):
-    from nmt_cli.data.sample import write_sample
+    from nmt_cli.data.sample_corpus import write_sample
 
     write_sample(tmp_path / "wmt", {"train": 500, "valid": 30, "test": 30})
     r = prepare(PrepareOptions("wmt14-de-en", str(tmp_path / "o"), from_dir=str(tmp_path / "wmt"),
@@ -288,7 +288,7 @@ def test_from_dir_with_hub_parquet_layout(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from nmt_cli.data.sample import generate
+    from nmt_cli.data.sample_corpus import generate
 
     data = generate({"train": 300, "valid": 20, "test": 20}, seed=4)
     spec = corpora.CORPORA["wmt14-en-de"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from nmt_cli.checkpoint import load
+from nmt_cli.checkpoints.format import load
 from nmt_cli.config import preset
 from nmt_cli.errors import ConfigError
 from nmt_cli.training import recipe_file

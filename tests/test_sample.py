@@ -2,8 +2,8 @@
 
 import pytest
 
-from nmt_cli.data import sample
-from nmt_cli.data.sample import NP, PLACES, VERBS, Clause, PlacePP, WithPP, generate
+from nmt_cli.data import sample_corpus as sample
+from nmt_cli.data.sample_corpus import NP, PLACES, VERBS, Clause, PlacePP, WithPP, generate
 
 NOUNS = {n.en: n for n in sample._nouns()}
 ADJS = {a.en: a for a in sample._adjectives()}

@@ -16,8 +16,8 @@ from nmt_cli.decoding.config import SearchConfig, length_penalty, max_output_len
 from nmt_cli.decoding.graphs import StepGraphs
 from nmt_cli.decoding.scheduler import beam_search, decode_batches, greedy_search, search
 from nmt_cli.decoding.state import SearchState
-from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import ConfigError
+from nmt_cli.inference.ensemble import Ensemble
 from nmt_cli.model import Transformer
 
 A, B, C = 4, 5, 6  # scripted token ids (0-3 are pad, unk, bos, eos)

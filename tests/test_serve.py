@@ -23,8 +23,8 @@ libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test-serv
 from conftest import toy_pairs  # noqa: E402
 from helpers_serve import Server, engine_pid, engine_pids, held, wait_for  # noqa: E402
 from helpers_translate import make_checkpoint  # noqa: E402
-from nmt_cli import checkpoint  # noqa: E402
-from nmt_cli.translate import Translator  # noqa: E402
+from nmt_cli.checkpoints import format as checkpoint  # noqa: E402
+from nmt_cli.inference.translate import Translator  # noqa: E402
 
 LINES = [en for en, _ in toy_pairs(40, seed=11)]
 
@@ -398,8 +398,8 @@ def test_engine_process_that_dies_fails_its_requests_and_the_server_says_so(ckpt
 
 
 def test_an_engine_process_that_cannot_load_says_why_in_one_line(ckpt):
+    from nmt_cli.inference.translate import TranslateConfig
     from nmt_cli.serve.remote import EngineProcessError, RemoteEngine
-    from nmt_cli.translate import TranslateConfig
 
     spec = dict(model=str(ckpt) + ".missing", device="cpu", precision="fp32", config=TranslateConfig(), threads=1)
     with pytest.raises(EngineProcessError) as err:
@@ -418,7 +418,7 @@ def test_without_the_extra_serve_says_what_to_install(ckpt):
 
 
 def test_a_checkpoint_without_languages_needs_langs(tmp_path, toy_tokenizer_bytes):
-    from nmt_cli import checkpoint
+    from nmt_cli.checkpoints import format as checkpoint
 
     path = make_checkpoint(tmp_path / "nolangs.pt", toy_tokenizer_bytes)
     ck = checkpoint.load(path)
@@ -455,7 +455,7 @@ def test_the_core_never_imports_the_web_stack():
             if any(n.split(".")[0] in web for n in names):
                 offenders.append(str(rel))
     assert offenders == []
-    code = ("import sys; import nmt_cli.cli, nmt_cli.translate, nmt_cli.serve.engine, nmt_cli.serve.service; "
+    code = ("import sys; import nmt_cli.cli, nmt_cli.inference.translate, nmt_cli.serve.engine, nmt_cli.serve.service; "
             "print(sorted(m for m in ('starlette', 'uvicorn', 'httpx') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "[]", r.stderr

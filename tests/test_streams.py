@@ -9,10 +9,9 @@ import threading
 import pytest
 import torch
 
-from nmt_cli.decoding import streams
+from nmt_cli.decoding import SearchConfig, streams
 from nmt_cli.errors import ConfigError
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import TranslateConfig, length_batches, stream_batches
+from nmt_cli.inference.translate import TranslateConfig, length_batches, stream_batches
 from test_translate import ckpt_path, lines, translator  # noqa: F401 (ckpt_path: a fixture)
 
 

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from helpers_train import poison_loss
-from nmt_cli import cpus
-from nmt_cli.averaging import fewer_message, periodic_checkpoints
-from nmt_cli.checkpoint import load
+from nmt_cli.checkpoints.averaging import fewer_message, periodic_checkpoints
+from nmt_cli.checkpoints.format import load
 from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
+from nmt_cli.runtime import cpus
 from nmt_cli.training import plan as plan_mod
 from nmt_cli.training.checkpoints import prune_periodic
 from nmt_cli.training.config import (
@@ -450,7 +450,7 @@ def test_ranks_without_the_checkpoint_rank_0_resumes_from_stop_the_run(toy_data_
     """Two processes started as torchrun starts them, on "nodes" whose run directories are not shared (each its
     own working directory, -o run): rank 0 would resume, rank 1 cannot see the checkpoint. Both stop with one line
     instead of training apart; rank 0's checkpoint is untouched and rank 1 writes nothing."""
-    from nmt_cli.training.runtime import free_port
+    from nmt_cli.training.spawn import free_port
 
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     for node in nodes:
@@ -560,7 +560,7 @@ def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(toy_data_dir, tmp_p
     (here 6 s) rank 0's watchdog names it in one line, kills it (it runs on this machine: stopped, it would hold
     torchrun's SIGTERM for torchrun's 30 s grace period) and exits 1, instead of waiting for the process group's
     timeout; the run ends non-zero well before torchrun's grace period would have passed."""
-    from nmt_cli.training.runtime import free_port
+    from nmt_cli.training.spawn import free_port
 
     run = tmp_path / "run"
     args = map(str, _cli_args(toy_data_dir, run, "--max-steps", "100000", "--threads", "1", "--dist-timeout", "0.1",
@@ -594,7 +594,7 @@ def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(toy_data_dir, tmp_p
 def test_a_rank_that_dies_is_named_in_one_line_by_the_survivor(toy_data_dir, tmp_path):
     """Two processes started as torchrun starts them (env://, rank 0 holds the store); rank 0 killed with SIGKILL:
     rank 1's collective fails, and it says in one line that rank 0 went away, not with a gloo traceback."""
-    from nmt_cli.training.runtime import free_port
+    from nmt_cli.training.spawn import free_port
 
     port = str(free_port())
     procs = []
@@ -625,7 +625,7 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights
     torchrun restarts both ranks, the run resumes at update 20 and ends at 60 with the weights of an uninterrupted
     run (CPU, fp32: deterministic). torchrun names the dead rank itself and stops the other with SIGTERM at once:
     no traceback."""
-    from nmt_cli.training.runtime import free_port
+    from nmt_cli.training.spawn import free_port
 
     def torchrun(run, port):
         args = _cli_args(toy_data_dir, run, "--max-steps", "60", "--save-every", "20", "--threads", "1",
@@ -661,7 +661,8 @@ def test_flags_raised_by_any_rank_are_agreed_by_all_one_update_later():
     import multiprocessing as mp
 
     from helpers_train import exchange_votes
-    from nmt_cli.training.runtime import Votes, free_port
+    from nmt_cli.training.runtime import Votes
+    from nmt_cli.training.spawn import free_port
 
     raised = {(1, 2): (True, False), (0, 4): (False, True)}
     want = [(False, False)] * 6
@@ -693,7 +694,7 @@ def test_two_nodes_on_one_machine_train_save_resume_after_a_kill_and_finish(toy_
     checkpoint and finishes, every update after the resume holding the batches of an uninterrupted run and the
     first one its loss. (Not bitwise the weights: with more than 2 processes the all-reduce's sums depend on their
     order, which a resumed process does not keep; the tiny model turns that roundoff into visible differences.)"""
-    from nmt_cli.training.runtime import free_port
+    from nmt_cli.training.spawn import free_port
 
     def nodes(run, port):
         args = _cli_args(toy_data_dir, run, "--max-steps", "40", "--save-every", "10", "--threads", "1",
@@ -740,7 +741,7 @@ def test_a_compiled_model_inside_ddp_is_compiled_by_ddp_optimizer(tmp_path):
     """DDP(torch.compile(model)), the order PyTorch recommends: dynamo still compiles the model under DDP's
     DDPOptimizer (graphs split at DDP's buckets, so the backward overlaps the all-reduce); a gloo group of one in a
     process of its own."""
-    from nmt_cli.training.runtime import free_port
+    from nmt_cli.training.spawn import free_port
 
     code = """
 import sys, torch, torch.distributed as dist
@@ -897,7 +898,7 @@ def test_a_finished_run_is_left_as_it_is_and_a_raised_stop_continues_it(toy_data
 def test_the_header_warns_of_slow_bf16_and_says_where_metrics_go(toy_data_dir, tmp_path, monkeypatch):
     import importlib.util
 
-    from nmt_cli import precision
+    from nmt_cli.runtime import precision
 
     monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
     events = []

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from nmt_cli.checkpoint import load
+from nmt_cli.checkpoints.format import load
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.store import ParallelData, collate
 from nmt_cli.training.config import TrainConfig

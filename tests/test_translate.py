@@ -12,20 +12,20 @@ import torch
 
 from conftest import toy_pairs
 from helpers_translate import make_checkpoint
-from nmt_cli import checkpoint, precision
-from nmt_cli.averaging import fewer_message, last_checkpoints
+from nmt_cli.checkpoints import format as checkpoint
+from nmt_cli.checkpoints.averaging import average_checkpoints, fewer_message, last_checkpoints
+from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
-from nmt_cli.search import SearchConfig
-from nmt_cli.translate import (
+from nmt_cli.inference.translate import (
     DEFAULT_MAX_TOKENS,
     TranslateConfig,
     Translator,
     Warner,
-    average_checkpoints,
     load_checkpoints,
     read_chunks,
     translate_stream,
 )
+from nmt_cli.runtime import precision
 
 FAST = SearchConfig(beam=4, max_len_a=1.0, max_len_b=4)
 

@@ -14,7 +14,7 @@ from helpers_train import validate_checkpoint
 from nmt_cli.data.store import ParallelData, read_tokenizer
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.launch import train
-from nmt_cli.training.runtime import free_port
+from nmt_cli.training.spawn import free_port
 from nmt_cli.training.validate import deal
 
 BEAM = 2
@@ -67,7 +67,7 @@ def test_the_deal_gives_every_rank_a_balanced_share():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_one_rank_translates_the_valid_sources_as_nmt_translate(trained, one_thread, precision):
-    from nmt_cli.translate import TranslateConfig, Translator, load_checkpoints
+    from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
 
     checkpoint, data = trained
     [(_, figures, hyps)] = _validate(1, checkpoint, data, precision)

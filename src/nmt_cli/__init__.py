@@ -14,7 +14,7 @@ __all__ = ["Translator", "Translation", "__version__"]
 def __getattr__(name: str):
     # Imported on first use, so that `nmt --version` and `import nmt_cli` stay free of torch.
     if name in ("Translator", "Translation"):
-        from nmt_cli import translate
+        from nmt_cli.inference import translate
 
         return getattr(translate, name)
     raise AttributeError(f"module 'nmt_cli' has no attribute {name!r}")

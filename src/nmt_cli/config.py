@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nmt_cli.errors import ConfigError
 
@@ -84,4 +84,4 @@ def preset(name: str, **overrides) -> ModelConfig:
     return dataclasses.replace(PRESETS[name], **clean).validate()
 
 
-__all__ = ["ModelConfig", "PRESETS", "preset", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "ACTIVATIONS", "field"]
+__all__ = ["ModelConfig", "PRESETS", "preset", "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "ACTIVATIONS"]

@@ -34,10 +34,10 @@ def register(app: typer.Typer) -> None:
         last: int = typer.Option(None, "--last", min=1, metavar="N",
                                  help="Average the newest N checkpoint_<step>.pt of the run directory given."),
     ) -> None:
-        from nmt_cli import hub_models as hub
-        from nmt_cli.averaging import average_checkpoints, last_checkpoints
-        from nmt_cli.checkpoint import save
+        from nmt_cli.checkpoints.averaging import average_checkpoints, last_checkpoints
+        from nmt_cli.checkpoints.format import save
         from nmt_cli.commands.messages import note_line, usage_error
+        from nmt_cli.hub import pull as hub
 
         if last is not None:
             if len(inputs) != 1 or hub.is_hub_ref(inputs[0]):

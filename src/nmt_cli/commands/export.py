@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli import pretrained
+        from nmt_cli.checkpoints import pretrained
         from nmt_cli.export import ctranslate2 as core
         from nmt_cli.export import require
 
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli import pretrained
+        from nmt_cli.checkpoints import pretrained
         from nmt_cli.export import huggingface as core
         from nmt_cli.export import require
 

@@ -7,7 +7,7 @@ import typer
 
 def int_or_auto(value: str | None) -> int | str | None:
     """An option's N|auto: a positive integer, or auto. --max-tokens (nmt train, translate and serve; auto: the
-    largest batch that fits the GPU, found by a probe: nmt_cli/memory.py) and --update-freq (nmt train)."""
+    largest batch that fits the GPU, found by a probe: nmt_cli/runtime/memory.py) and --update-freq (nmt train)."""
     if value is None or value == "auto":
         return value
     try:

@@ -98,9 +98,9 @@ def register(app: typer.Typer) -> None:
         except ImportError as exc:
             raise ConfigError(f"nmt serve needs the serve extra ({exc.name} is missing): pip install "
                               "'nmt-cli[serve]'") from None
-        from nmt_cli import cpus
-        from nmt_cli import translate as core
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
+        from nmt_cli.inference import translate as core
+        from nmt_cli.runtime import cpus
         from nmt_cli.serve.engine import Engine
         from nmt_cli.serve.service import Limits, Model, Service
 

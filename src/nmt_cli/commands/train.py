@@ -10,11 +10,11 @@ from pathlib import Path
 
 import typer
 
-from nmt_cli import defaults
 from nmt_cli.commands.helpformat import usage
 from nmt_cli.commands.messages import usage_error
 from nmt_cli.commands.options import int_or_auto
-from nmt_cli.precision import TrainPrecision
+from nmt_cli.runtime import defaults
+from nmt_cli.runtime.precision import TrainPrecision
 
 _SUMMARY = "Train a Transformer on a prepared data directory"
 _HELP = (
@@ -56,7 +56,7 @@ class Preset(str, Enum):
     big = "big"
 
 
-Precision = TrainPrecision  # the choices of --precision, from the one table (nmt_cli/precision.py)
+Precision = TrainPrecision  # the choices of --precision, from the one table (nmt_cli/runtime/precision.py)
 
 
 class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
@@ -187,7 +187,7 @@ def register(app: typer.Typer) -> None:
         log_every: int = typer.Option(100, "--log-every", min=1, metavar="N", rich_help_panel=_MACHINE,
                                       help="Updates between log lines."),
     ) -> None:
-        from nmt_cli import cpus
+        from nmt_cli.runtime import cpus
         from nmt_cli.training import recipe_file
         from nmt_cli.training.config import TrainConfig
         from nmt_cli.training.spawn import Ranks, early_world_size

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import typer
 
-from nmt_cli import defaults
 from nmt_cli.commands.helpformat import Command
 from nmt_cli.commands.options import int_or_auto
 from nmt_cli.lines import open_input
-from nmt_cli.precision import TranslatePrecision
+from nmt_cli.runtime import defaults
+from nmt_cli.runtime.precision import TranslatePrecision
 
 _SUMMARY = "Translate text, one sentence a line, with a checkpoint"
 _HELP = (
@@ -47,7 +47,7 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-Precision = TranslatePrecision  # the choices of --precision, from the one table (nmt_cli/precision.py)
+Precision = TranslatePrecision  # the choices of --precision, from the one table (nmt_cli/runtime/precision.py)
 
 
 class LengthPenalty(str, Enum):
@@ -195,9 +195,9 @@ def register(app: typer.Typer) -> None:
                  "the sentences/s on an H200). --no-cuda-graphs launches them one by one.",
         ),
     ) -> None:
-        from nmt_cli import cpus
-        from nmt_cli import translate as core
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
+        from nmt_cli.inference import translate as core
+        from nmt_cli.runtime import cpus
 
         if input_file is not None and input_opt is not None:
             raise usage_error("give the input either as INPUT or with -i, not both")

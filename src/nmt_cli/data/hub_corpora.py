@@ -1,5 +1,5 @@
 """Pinned corpus files from Hugging Face hub dataset repositories, through huggingface_hub's own client and cache
-(the offline rule and the error lines are hubclient.py's, shared with hub model repositories).
+(the offline rule and the error lines are hub/client.py's, shared with hub model repositories).
 
 `fetch(files)` returns the local paths of a `HubFiles` (a dataset repository, a pinned revision, file names):
 
@@ -28,9 +28,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nmt_cli import hubclient
 from nmt_cli.errors import DownloadError
-from nmt_cli.hubclient import tail as _tail
+from nmt_cli.hub import client as hubclient
+from nmt_cli.hub.client import tail as _tail
 
 Progress = Callable[[str, int, "int | None"], None]  # (stage, done, total)
 Warn = Callable[[str], None]

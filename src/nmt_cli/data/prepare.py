@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt_cli import atomic, cpus
+from nmt_cli.checkpoints import atomic
 from nmt_cli.data import corpora, readers
 from nmt_cli.data import sample_corpus as sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
@@ -36,6 +36,7 @@ from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
 from nmt_cli.errors import ConfigError, DataError
+from nmt_cli.runtime import cpus
 
 FORMAT_VERSION = 1
 STEPS_DIR = ".steps"
@@ -137,7 +138,7 @@ def _plan(opts: PrepareOptions, progress: Progress | None, warn: Warn | None) ->
         elif spec.name == "sample":
             sizes = opts.sample_sizes or sample.DEFAULT_SIZES
             splits = sample.generate(sizes, sample.DEFAULT_SEED)
-            ident = {"generator": "nmt_cli.data.sample", "version": sample.SAMPLE_VERSION,
+            ident = {"generator": "nmt_cli.data.sample_corpus", "version": sample.SAMPLE_VERSION,
                      "seed": sample.DEFAULT_SEED, "sizes": sizes}
             sources = {s: readers.MemorySource(s, pairs, {**ident, "split": s}) for s, pairs in splits.items()}
             origin = {"kind": "generated", **ident}
@@ -258,7 +259,7 @@ def _learn_bpe(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: P
 def _model_tokenizer(model: str, out: Path) -> Tokenizer:
     """Step 2 with --tokenizer-from: the tokenizer of `model` (a checkpoint, a MarianMT folder or hf:...), written
     into OUT as nmt train reads it (spm.model; for an imported tokenizer spm.target.model and vocab.json too)."""
-    from nmt_cli import pretrained
+    from nmt_cli.checkpoints import pretrained
 
     tok = pretrained.load(model)[0].tokenizer_obj()
     atomic.write_bytes(out / SPM_MODEL, tok.model_bytes)

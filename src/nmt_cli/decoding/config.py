@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from nmt_cli import defaults
 from nmt_cli.errors import ConfigError
+from nmt_cli.runtime import defaults
 
 LENGTH_PENALTIES = ("gnmt", "fairseq")
 STOP_RULES = ("beam", "top")
@@ -19,7 +19,7 @@ STOP_RULES = ("beam", "top")
 
 @dataclass
 class SearchConfig:
-    """Search settings. Defaults (nmt_cli/defaults.py) are the paper's: beam 4, alpha 0.6, max output length =
+    """Search settings. Defaults (nmt_cli/runtime/defaults.py) are the paper's: beam 4, alpha 0.6, max output length =
     source length + 50."""
 
     beam: int = defaults.BEAM

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nmt_cli import __version__
-from nmt_cli.checkpoint import Checkpoint
+from nmt_cli.checkpoints.format import Checkpoint
 from nmt_cli.errors import ConfigError
 
 UNKNOWN = "not recorded"

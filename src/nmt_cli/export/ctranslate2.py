@@ -21,13 +21,14 @@ from typing import Any
 
 import torch
 
-from nmt_cli import __version__, defaults
-from nmt_cli.checkpoint import Checkpoint
+from nmt_cli import __version__
+from nmt_cli.checkpoints.format import Checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt_cli.errors import ConfigError
 from nmt_cli.export import require
 from nmt_cli.export.card import CardInfo, model_card
 from nmt_cli.export.folder import atomic_folder
+from nmt_cli.runtime import defaults
 
 # CTranslate2's weight types (ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES); None keeps float32.
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")

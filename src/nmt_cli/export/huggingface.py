@@ -28,13 +28,14 @@ from typing import Any
 
 import torch
 
-from nmt_cli import __version__, defaults
-from nmt_cli.checkpoint import Checkpoint
+from nmt_cli import __version__
+from nmt_cli.checkpoints.format import Checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.errors import ConfigError
 from nmt_cli.export import require
 from nmt_cli.export.card import CardInfo, model_card
 from nmt_cli.export.folder import atomic_folder
+from nmt_cli.runtime import defaults
 
 PROVENANCE_FILE = "nmt_export.json"
 SUPPORTED_TRANSFORMERS = ((4, 57), (6, 0))  # [lowest, first unsupported]: tested with 4.57.6 and 5.23.0

@@ -33,7 +33,7 @@ import torch
 
 from nmt_cli.config import PAD_ID
 from nmt_cli.decoding import Hypothesis, SearchConfig, decode_batches, encode_batch
-from nmt_cli.translate import Translator
+from nmt_cli.inference.translate import Translator
 
 JOIN_FRACTION = 0.25  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
 JOIN_WAIT_S = 0.03  # or once the oldest has waited this long (fewer, larger batches: encoding one costs ~1 ms)

@@ -27,11 +27,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from nmt_cli import allocator
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import NmtError
+from nmt_cli.inference import allocator
+from nmt_cli.inference.translate import Translator
 from nmt_cli.serve.engine import Engine, Job, QueueFull, Stopping, Throughput, retry_after
-from nmt_cli.translate import Translator
 
 READY_TIMEOUT_S = 600  # loading a large model from a slow disk
 STATS_TIMEOUT_S = 1.0  # /info waits this long for the engine process's counters, then shows the last ones it sent
@@ -45,7 +45,7 @@ def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
     """The engine process: load the model as `nmt serve` does, then run an Engine on the pipe's requests."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from nmt_cli import translate as core
+    from nmt_cli.inference import translate as core
 
     try:
         core.set_threads(spec["threads"])

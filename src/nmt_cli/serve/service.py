@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
+from nmt_cli.inference.translate import Translator
 from nmt_cli.serve.engine import Engine, Job
-from nmt_cli.translate import Translator
 
 # ISO 639-1 names for /languages (LibreTranslate lists a name with each code); other codes are named by their code.
 LANGUAGE_NAMES = {

@@ -4,8 +4,8 @@ A run directory holds
   checkpoint_last.pt        weights + the full training state (resume from here)
   checkpoint_best.pt        weights of the best validation score so far
   checkpoint_<step>.pt      weights saved every N updates (or M minutes); the last K are kept (for averaging)
-  averaged.pt               the mean of the last N checkpoint_<step>.pt (nmt_cli/averaging.py), at the end
-Every file is a normal self-contained checkpoint (nmt_cli.checkpoint) written atomically.
+  averaged.pt               the mean of the last N checkpoint_<step>.pt (nmt_cli/checkpoints/averaging.py), at the end
+Every file is a normal self-contained checkpoint (nmt_cli.checkpoints.format) written atomically.
 Training state holds only tensors and plain data, so torch.load(weights_only=True) reads it.
 """
 
@@ -20,8 +20,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt_cli.averaging import average_checkpoints, last_checkpoints, periodic_checkpoints, periodic_name
-from nmt_cli.checkpoint import Checkpoint, save
+from nmt_cli.checkpoints.averaging import (
+    average_checkpoints,
+    last_checkpoints,
+    periodic_checkpoints,
+    periodic_name,
+)
+from nmt_cli.checkpoints.format import Checkpoint, save
 
 LAST, BEST, AVERAGED = "checkpoint_last.pt", "checkpoint_best.pt", "averaged.pt"
 

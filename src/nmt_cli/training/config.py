@@ -10,9 +10,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from nmt_cli import defaults
 from nmt_cli.errors import ConfigError
-from nmt_cli.precision import TRAIN_PRECISIONS
+from nmt_cli.runtime import defaults
+from nmt_cli.runtime.precision import TRAIN_PRECISIONS
 
 # The paper's batch: ~25000 source + ~25000 target tokens per update (8 GPUs together), counted as real tokens.
 PAPER_UPDATE_TOKENS = 25000
@@ -59,7 +59,7 @@ class TrainConfig:
     clip_norm: float = 0.0  # 0 = no clipping
     # batching
     max_tokens: int | str | None = None  # padded source (and target) tokens per micro-batch per process; "auto":
-    # the largest that fits the GPU, probed at the start (memory.py); on CPU the default
+    # the largest that fits the GPU, probed at the start (training/probe.py); on CPU the default
     update_freq: int | str = "auto"  # micro-batches accumulated per update, or "auto" (reach update_tokens)
     update_tokens: int | None = None  # real (unpadded) target tokens per update (the paper: 25000); sizes the
     # default max_tokens and update_freq "auto"
@@ -156,7 +156,7 @@ class BatchPlan:
     update_freq: int
     world_size: int
     update_tokens: int  # the real (unpadded) target tokens per update that "auto" aims at
-    probe: bool = False  # --max-tokens auto on a GPU: max_tokens is provisional until the run probes (memory.py)
+    probe: bool = False  # --max-tokens auto on a GPU: max_tokens is provisional until the run probes (training/probe.py)
     fill: float = 1.0  # real target tokens per token of max_tokens, measured on the data (plan.py); 1: not measured
 
     @property
@@ -199,7 +199,7 @@ def resolve_batching(cfg: TrainConfig, world_size: int, device_type: str, model=
     --update-freq auto: round(share / max_tokens), >= 1; plan.py replaces it by the count of the data's real
     target tokens (`real_update_freq`) once the batches are made.
     --max-tokens auto: the default on CPU; on a GPU the default above, marked `probe`, until the run replaces it by
-    what fits (`probed_batching`, memory.py).
+    what fits (`probed_batching`, training/probe.py).
     """
     update_tokens = cfg.update_tokens or cfg.recipe("update_tokens")
     max_tokens = cfg.max_tokens

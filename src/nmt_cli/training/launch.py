@@ -10,8 +10,8 @@ import os
 import sys
 import threading
 
-from nmt_cli import cpus
 from nmt_cli.errors import NmtError, TrainingError
+from nmt_cli.runtime import cpus
 from nmt_cli.training.checkpoints import AVERAGED, LAST
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.loop import Progress, Trainer, TrainResult

@@ -23,13 +23,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from nmt_cli import cpus
-from nmt_cli.checkpoint import Checkpoint, load, remove_stale_tmp
+from nmt_cli.checkpoints.atomic import remove_stale_tmp
+from nmt_cli.checkpoints.format import Checkpoint, load
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.store import ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
-from nmt_cli.memory import SAFETY, out_of_memory_advice
-from nmt_cli.precision import slow_bf16_warning
+from nmt_cli.runtime import cpus
+from nmt_cli.runtime.memory import SAFETY, out_of_memory_advice
+from nmt_cli.runtime.precision import slow_bf16_warning
 from nmt_cli.training.checkpoints import BEST, LAST, RunCheckpoints, rng_state, set_rng_state, weights_digest
 from nmt_cli.training.config import probe_cap, probed_batching
 from nmt_cli.training.loss import label_smoothed_cross_entropy

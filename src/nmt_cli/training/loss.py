@@ -19,7 +19,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from nmt_cli.memory import is_out_of_memory
+from nmt_cli.runtime.memory import is_out_of_memory
 
 _CHUNK_ELEMENTS = 1 << 22  # CPU: ~4M elements a chunk (16 MiB of float32): few ops, bounded memory
 _CUDA_CHUNK_ELEMENTS = 1 << 30  # GPU (fused): rows per call kept under 2^30 elements (32-bit indexing)

@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt_cli import __version__, cpus
-from nmt_cli.checkpoint import atomic_write, load
+from nmt_cli import __version__
+from nmt_cli.checkpoints.atomic import write_text
+from nmt_cli.checkpoints.format import load, write_error
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data.batching import LengthOrder, shape_batches
 from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
+from nmt_cli.runtime import cpus
 from nmt_cli.training import recipe_file
 from nmt_cli.training.checkpoints import LAST
 from nmt_cli.training.config import (
@@ -224,7 +226,7 @@ def _check_writable(out_dir: Path) -> None:
 def _init_from(cfg: TrainConfig, tokenizer) -> tuple[ModelConfig, str]:
     """--init-from: the model configuration (this run's dropout) and the checkpoint file holding the weights (a
     MarianMT model converted once, pretrained.py). The data must be encoded with that model's own tokenizer."""
-    from nmt_cli import pretrained
+    from nmt_cli.checkpoints import pretrained
 
     ckpt, origin = pretrained.load(cfg.init_from)
     if ckpt.tokenizer_key() != tokenizer.key():
@@ -355,8 +357,8 @@ def write_run_config(plan: RunPlan) -> None:
         "keep_last": plan.keep_last, "average_last": plan.average_last,
         "langs": plan.langs, "resumed_from": plan.resume_from,
     }
-    atomic_write(out / CONFIG_JSON, lambda f: f.write((json.dumps(resolved, indent=2) + "\n").encode()))
-    atomic_write(out / CONFIG_YAML, lambda f: f.write(recipe_file.for_run(plan).encode()))
+    write_text(out / CONFIG_JSON, json.dumps(resolved, indent=2) + "\n", write_error)
+    write_text(out / CONFIG_YAML, recipe_file.for_run(plan), write_error)
 
 
 

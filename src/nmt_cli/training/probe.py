@@ -1,5 +1,5 @@
 """--max-tokens auto for training: the largest micro-batch whose forward and backward (the real loss, precision and
-optimizer state) fit this GPU, found by nmt_cli.memory's search. Here rather than in memory.py so that translation
+optimizer state) fit this GPU, found by nmt_cli.runtime.memory's search. Here rather than in memory.py so that translation
 never imports training code."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 
 from nmt_cli.config import PAD_ID
-from nmt_cli.memory import SAFETY, _tokens, _try, largest_fitting
+from nmt_cli.runtime.memory import SAFETY, attempt, largest_fitting, random_tokens
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 
 
@@ -32,8 +32,8 @@ def train_fits(module: torch.nn.Module, optimizer: torch.optim.Optimizer, autoca
     def run(tokens: int) -> None:
         rows = max(1, tokens // length)
         reserve = [torch.empty_like(p) for p in params for _ in range(copies)]
-        src = _tokens(rows, length, vocab, device, generator)
-        tgt = _tokens(rows, length, vocab, device, generator)
+        src = random_tokens(rows, length, vocab, device, generator)
+        tgt = random_tokens(rows, length, vocab, device, generator)
         pad = torch.zeros(rows, length, dtype=torch.bool, device=device)
         with autocast():
             logits = module(src, tgt, pad)  # [rows, length, V]
@@ -46,7 +46,7 @@ def train_fits(module: torch.nn.Module, optimizer: torch.optim.Optimizer, autoca
         module.train()
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             try:
-                return _try(lambda: run(tokens))
+                return attempt(lambda: run(tokens))
             finally:
                 module.zero_grad(set_to_none=True)
                 module.train(was_training)
@@ -69,7 +69,7 @@ def probe_ranks(module: torch.nn.Module, optimizer: torch.optim.Optimizer, rt, l
                 label_smoothing: float) -> int:
     """`largest_train_batch` on every rank's GPU (before DDP and torch.compile wrap the model), the smallest answer
     of all; running out of memory at one sentence of `longest` tokens ends the run in one line."""
-    from nmt_cli.memory import OutOfMemory
+    from nmt_cli.runtime.memory import OutOfMemory
 
     found = largest_train_batch(module, optimizer, rt.autocast, longest, cap, label_smoothing,
                                 extra_param_copies=1 if rt.distributed else 0)

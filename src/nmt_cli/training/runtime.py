@@ -1,4 +1,4 @@
-"""Devices and process groups of a training run (the precision table and checks: nmt_cli/precision.py).
+"""Devices and process groups of a training run (the precision table and checks: nmt_cli/runtime/precision.py).
 
 - `plan_launch()` decides, before anything is written, where training runs: one process on CPU or one GPU,
   N processes over NCCL (`--gpus N`), N CPU processes over gloo (`--cpu-procs N`, what CI tests), or the
@@ -19,14 +19,10 @@ import torch
 import torch.distributed as dist
 
 from nmt_cli.errors import ConfigError, DeviceError
-from nmt_cli.precision import (  # noqa: F401 (their home is precision.py; kept importable from here)
-    cpu_flags,
-    cpu_has_fast_bf16,
+from nmt_cli.runtime.precision import (
     dtypes,
-    gpu_has_native_bf16,
     resolve_precision,
 )
-from nmt_cli.training.spawn import free_port  # noqa: F401 (kept importable from here)
 
 DTYPES = dtypes()  # autocast dtypes by precision name
 

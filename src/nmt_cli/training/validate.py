@@ -98,7 +98,7 @@ class Validator:
         precision (`decoding_model`)."""
         from nmt_cli.decoding import JOIN_BELOW, SearchConfig, decode_batches
         from nmt_cli.decoding.graphs import GPU_CHECK_EVERY
-        from nmt_cli.translate import DEFAULT_MAX_TOKENS, TranslateConfig, stream_batches
+        from nmt_cli.inference.translate import DEFAULT_MAX_TOKENS, TranslateConfig, stream_batches
 
         rt, sources = self.rt, self.sources
         batches, owner = stream_batches(sources, DEFAULT_MAX_TOKENS[rt.device.type], TranslateConfig.max_sentences,

@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.atomic import atomic_write as _atomic_write
-from nmt_cli.atomic import remove_stale_tmp  # noqa: F401 (kept importable from here)
+from nmt_cli.checkpoints.atomic import atomic_write
 from nmt_cli.config import ModelConfig
 from nmt_cli.errors import CheckpointError
 
@@ -93,13 +92,7 @@ def to_dict(ckpt: Checkpoint) -> dict[str, Any]:
     return out
 
 
-def atomic_write(path: str | os.PathLike, write_fn) -> None:
-    """atomic.atomic_write (a crash leaves the old file or the new one); a failed write is a CheckpointError of one
-    line."""
-    _atomic_write(path, write_fn, _write_error)
-
-
-def _write_error(path: Path, exc: OSError) -> CheckpointError:
+def write_error(path: Path, exc: OSError) -> CheckpointError:
     what = exc.strerror or str(exc)
     kept = f"{path.name} keeps its previous content" if path.exists() else f"{path.name} was not written"
     return CheckpointError(f"cannot write {path}: {what}; {kept}. Free disk space or make {path.parent} writable, "
@@ -109,7 +102,7 @@ def _write_error(path: Path, exc: OSError) -> CheckpointError:
 def save(ckpt: Checkpoint, path: str | os.PathLike) -> None:
     """Write `ckpt` to `path` atomically."""
     data = to_dict(ckpt)
-    atomic_write(path, lambda f: torch.save(data, f))
+    atomic_write(path, lambda f: torch.save(data, f), write_error)
 
 
 # How a file written by torch.save starts: a zip archive (the default since torch 1.6) or, in the legacy format,

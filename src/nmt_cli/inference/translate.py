@@ -21,19 +21,20 @@ from typing import BinaryIO, NamedTuple
 
 import torch
 
-from nmt_cli import averaging, defaults, marian, pretrained
-from nmt_cli import checkpoint as ckpt_io
-from nmt_cli import hub_models as hub
+from nmt_cli.checkpoints import averaging, marian, pretrained
+from nmt_cli.checkpoints import format as ckpt_io
 from nmt_cli.config import EOS_ID, PAD_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
 from nmt_cli.decoding.streams import decode_streams, default_streams
-from nmt_cli.ensemble import Ensemble
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
+from nmt_cli.hub import pull as hub
+from nmt_cli.inference.ensemble import Ensemble
 from nmt_cli.lines import iter_lines
-from nmt_cli.memory import OutOfMemory, out_of_memory_advice
-from nmt_cli.precision import DEVICES, resolve_device, resolve_dtype, slow_bf16_warning  # noqa: F401 (API)
+from nmt_cli.runtime import defaults
+from nmt_cli.runtime.memory import OutOfMemory, out_of_memory_advice
+from nmt_cli.runtime.precision import resolve_device, resolve_dtype, slow_bf16_warning
 
 # Batch size by padded source tokens when not given: on CPU, batches that keep the [beam x rows, vocabulary]
 # step tensors small are faster. Defined in defaults.py, which `nmt translate --help` shows too.
@@ -49,7 +50,7 @@ class TranslateConfig:
     search: SearchConfig = field(default_factory=SearchConfig)
     buffer_size: int = 2000  # input lines per chunk (output is flushed after each chunk)
     max_tokens: int | str | None = None  # padded source tokens per batch; None: DEFAULT_MAX_TOKENS of the device;
-    # "auto": on a GPU the largest batch that fits, probed when the Translator is made (memory.py); on CPU the default
+    # "auto": on a GPU the largest batch that fits, probed when the Translator is made (probe.py); on CPU the default
     max_sentences: int = 512  # sentences per batch
     join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
     workers: int | None = None  # CPU decoding streams, each on its threads // workers threads; None: auto (streams)
@@ -138,9 +139,6 @@ class Warner:
 # ---------------------------------------------------------------------------------------------------- models
 
 
-average_checkpoints = averaging.average_checkpoints
-
-
 def load_checkpoints(models: Iterable[str | Path], average_last: int | None = None,
                      note: hub.Note | None = None) -> list[ckpt_io.Checkpoint]:
     """One checkpoint per `-m` value: a file, a MarianMT (OPUS-MT) folder, an `hf:ORG/NAME[@REVISION]` hub reference
@@ -154,7 +152,7 @@ def load_checkpoints(models: Iterable[str | Path], average_last: int | None = No
             path = Path(item)
             if not path.is_dir():
                 raise CheckpointError(f"{path}: --average-last needs a run directory holding checkpoints")
-            out.append(average_checkpoints(averaging.last_checkpoints(path, average_last, note)))
+            out.append(averaging.average_checkpoints(averaging.last_checkpoints(path, average_last, note)))
         elif not hub.is_hub_ref(item) and Path(item).is_dir() and not marian.is_marian(item):
             raise CheckpointError(f"{item} is a directory; pass a checkpoint file (or a MarianMT model folder), or "
                                   "add --average-last N")
@@ -241,7 +239,7 @@ class Translator:
         # each model's parameters, counted before packing or quantizing (which turn weights into buffers)
         self.model_parameters = [sum(p.numel() for p in m.parameters()) for m in models]
         if self.device.type == "cpu":
-            from nmt_cli import allocator, packed
+            from nmt_cli.inference import allocator, packed
 
             allocator.keep_freed_memory()  # fewer page faults a step (allocator.py)
             onednn = precision == "fp32" and packed.use_packed()  # oneDNN's float32 products, not MKL's (packed.py)
@@ -252,7 +250,7 @@ class Translator:
             if onednn:
                 models = [packed.pack_linears(m) for m in models]
         if precision == "int8":
-            from nmt_cli.int8 import quantize_int8
+            from nmt_cli.inference.int8 import quantize_int8
 
             models = [quantize_int8(m) for m in models]
         self.model = models[0] if len(models) == 1 else Ensemble(models)
@@ -271,13 +269,14 @@ class Translator:
             self.generator.seed()
 
     def _probe_max_tokens(self) -> None:
-        """max_tokens "auto": on a GPU, SAFETY x the largest batch whose full-length search fits (memory.py), at
+        """max_tokens "auto": on a GPU, SAFETY x the largest batch whose full-length search fits (probe.py), at
         most PROBE_CAP; elsewhere the device's default."""
         if self.device.type != "cuda":
             self.max_tokens_reason = (f"{self.config.max_tokens}, the {self.device.type.upper()} default (the probe "
                                       "needs a CUDA GPU)")
             return
-        from nmt_cli.memory import SAFETY, largest_translate_batch
+        from nmt_cli.inference.probe import largest_translate_batch
+        from nmt_cli.runtime.memory import SAFETY
 
         found = largest_translate_batch(self.model, self.config.search, self.max_src_tokens + 1,
                                         self.config.max_sentences, self.device, PROBE_CAP,
@@ -400,7 +399,7 @@ class Translator:
     def _analyse(self, lines: list[str], sources: list[list[int]], hyps: list[list[Hypothesis]]) -> list[tuple]:
         """(token scores, alignment column, text with unknown tokens replaced or None) per hypothesis, from one
         teacher-forced pass per batch (alignment.analyse)."""
-        from nmt_cli import alignment
+        from nmt_cli.inference import alignment
 
         cfg, tok = self.config, self.tokenizer
         pairs = [(i, h) for i, hs in enumerate(hyps) for h in hs]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from nmt_cli.checkpoint import Checkpoint, load
+from nmt_cli.checkpoints.format import Checkpoint, load
 from nmt_cli.errors import CheckpointError
 
 _PERIODIC = re.compile(r"^checkpoint_(\d+)\.pt$")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from nmt_cli.checkpoint import Checkpoint
+from nmt_cli.checkpoints.format import Checkpoint
 from nmt_cli.config import BOS_ID, ModelConfig
 from nmt_cli.errors import CheckpointError, ConfigError
 

@@ -1,4 +1,4 @@
-"""The one wrapper around huggingface_hub's client, for model repositories (hub_models.py: `hf:` models, `nmt push`) and
+"""The one wrapper around huggingface_hub's client, for model repositories (pull.py: `hf:` models; push.py: `nmt push`) and
 corpus files (data/hub_corpora.py: `nmt prepare NAME`): where the cache is, the one offline rule, and the one mapping of
 the client's failures to a `DownloadError` line that names what failed and says what to do.
 
