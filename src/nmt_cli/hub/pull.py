@@ -73,8 +73,6 @@ class Pulled:
         return str(HubRef(self.ref.repo, self.ref.filename, self.commit))
 
 
-cache_dir = hubclient.cache_dir
-hub_reachable = hubclient.reachable
 
 
 def pull(ref: HubRef, note: Note | None = None) -> Pulled:

@@ -34,7 +34,6 @@ SEARCH_FIELDS = {
     "no_repeat_ngram": ("no_repeat_ngram", int), "sampling": ("sampling", bool), "topk": ("topk", int),
     "topp": ("topp", float), "temperature": ("temperature", float), "seed": ("seed", int),
 }
-KNOWN_FIELDS = {"q", "source", "target", "format", "alternatives", "api_key", "scores", *SEARCH_FIELDS}
 _LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
 
