@@ -54,7 +54,7 @@ def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor
 
 # Decoding's attention through F.scaled_dot_product_attention (one fused kernel on a GPU, the mask included)
 # instead of five (product, scale, mask, softmax, product): a step of a 6-layer model launches 48 kernels fewer.
-# Off until a GPU has measured it (bench/graph_ab.py times both); on CPU it is slower (see `attend`).
+# Off until a GPU has measured it (bench/tools/graph_ab.py times both); on CPU it is slower (see `attend`).
 SDPA_DECODING = False
 
 
