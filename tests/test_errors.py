@@ -82,6 +82,7 @@ CASES = [
     Case("train data", 2, ("missing option", "-o / --output RUN_DIR")),
     Case("train nodata -o run", 1, ("nodata does not exist", "did you mean data?")),  # a typo: the directory beside
     Case("train elsewhere/data -o run", 1, ("elsewhere/data does not exist", "nmt prepare sample -o elsewhere/data")),
+    Case("train ./xyz -o run", 1, ("xyz does not exist", "prepared data beside it: data")),
     Case("train in.txt -o run", 1, ("in.txt is a file", "nmt prepare")),
     Case("train data -o run --preset huge", 2, ("--preset", "huge", "tiny")),
     Case("train data -o run --update-freq 0", 2, ("--update-freq",)),

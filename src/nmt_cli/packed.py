@@ -7,7 +7,8 @@ frozen CPU models) runs several times faster (docs/results-history.md#onednn-pro
 `use_packed()` says where: on CPUs that are not Intel's (by /proc/cpuinfo's vendor), unless `NMT_CPU_GEMM=mkl`
 (MKL everywhere) or `NMT_CPU_GEMM=onednn` (oneDNN on Intel CPUs too) says otherwise. Outputs are float32 products
 like MKL's, summed in another order: they differ from MKL's in the last bits, not in precision
-(docs/results.md#cpu-translation has how often a translation changes).
+(docs/results-history.md#cpu-decoding-on-machine-e-2026-11-25-and-2026-11-26 has how often a translation
+changes).
 
 oneDNN, and torch's ideep layer over it, prepare a kernel with its buffers for every product shape they see (the
 first call of a new shape is slower than the next ones), and keep up to 1024 shapes each; a decoding step's row

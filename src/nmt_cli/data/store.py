@@ -137,6 +137,9 @@ def _missing_dir_message(data_dir: Path) -> str:
     if close:
         names = " or ".join(str(parent / name) for name in close)
         return f"{data_dir} does not exist; did you mean {names}?"
+    prepared = [str(parent / name) for name in siblings if (parent / name / MANIFEST).exists()][:3]
+    if prepared:
+        return f"{data_dir} does not exist; prepared data beside it: {', '.join(prepared)}"
     return f"{data_dir} does not exist; nmt prepare writes a data directory (e.g. nmt prepare sample -o {data_dir})"
 
 
