@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-data quality benchmark (issue 7): Multi30k en->de on this machine under a fixed wall-time budget.
+# Real-data quality benchmark: Multi30k en->de on this machine under a fixed wall-time budget.
 #   prepare (8000 joint BPE) -> train a small model for exactly $MINUTES minutes -> average the last $AVG
 #   checkpoints -> translate valid and test (beam 4, length penalty 0.6) -> sacreBLEU with signature.
 # Usage: bash bench/multi30k.sh   (env: SHARED, RUN_DIR, MINUTES, PRECISION, WARMUP, LR, MAX_TOKENS, AVG, SAVE_MIN,

@@ -10,7 +10,7 @@ N pairs from the shared Europarl and TED corpora (numbers and names varied; leng
 and lays them out as the pinned wmt/wmt14 de-en files in a temporary huggingface_hub cache. Then, in a fresh
 process with HF_HUB_OFFLINE=1, `nmt prepare wmt14-en-de` runs with its defaults (37k joint BPE learned on a
 uniform sample of at most 2M sentences, all cores): cache check (sha256 of every file), count, BPE, encode +
-binarize, manifest. Targets (the issue): the whole prepare of 4.5M pairs in under 5 minutes on the 2-core
+binarize, manifest. Targets: the whole prepare of 4.5M pairs in under 5 minutes on the 2-core
 machine, peak memory under 2 GiB and the same at 1M and 4.5M pairs. WMT14 en-fr (40.8M pairs) is projected from
 the largest run: its BPE time (bounded sample, the same at any size) plus the per-pair time of everything else.
 
@@ -24,7 +24,7 @@ Corpora (from ../shared/data, read in place):
 
 Stages: check (open and count every input), bpe (sample + learn the joint BPE), encode (read, clean, encode on
 all cores, write .bin/.idx and raw text), per split. Each corpus runs in a fresh process so its peak RSS
-(ru_maxrss) is its own. Target (the issue): encode + binarize >= 20,000 pairs/s on the 2-core machine.
+(ru_maxrss) is its own. Target: encode + binarize >= 20,000 pairs/s on the 2-core machine.
 Besides wall-clock pairs/s, the table shows pairs per CPU-second (process CPU time, all threads): on a machine
 shared with other jobs the wall figure drops, while pairs/CPU-s x cores bounds what an idle machine reaches.
 """

@@ -11,7 +11,7 @@ Sections:
           like WMT en-de) in fp32 and bf16, one process, --max-tokens 8192 micro-batches
   small   d_model 256, d_ff 1024, 4 heads, 3+3 layers, 8k BPE vocabulary on Multi30k (../shared/data/multi30k),
           prepared with `nmt prepare custom`; fp32 and bf16. fairseq trains this at ~3300 target tokens/s on the
-          2-core CPU in fp32 (quoted from the issue, not re-measured here); the target is >= 1.5x that.
+          2-core CPU in fp32 (a quoted figure, not re-measured here); the target is >= 1.5x that.
   (CUDA: the same sections run on one GPU when one is present, base and big in bf16; unverified here.)
 
 MFU = model FLOPs / time / peak. Model FLOPs count every matrix product of forward + backward (3 x forward)
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 WORK = ROOT / "runs" / "bench_train"
 MULTI30K = DATA / "multi30k"
-FAIRSEQ_SMALL_TOK_S = 3300  # quoted from the issue: fairseq, small Multi30k config, 2-core CPU, fp32
+FAIRSEQ_SMALL_TOK_S = 3300  # quoted, not measured here: fairseq, small Multi30k config, 2-core CPU, fp32
 
 
 # ---- peak ------------------------------------------------------------------------------------------------------

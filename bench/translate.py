@@ -45,7 +45,7 @@ WORK = ROOT / "runs" / "bench_translate"
 MULTI30K = DATA / "multi30k"
 NEWSTEST = DATA / "wmt14_newstest_ende"
 
-# Quoted from the issue (a trained small Multi30k model, 2 threads, beam 4, on one of the machines it was measured
+# Quoted figures, not measured here (a trained small Multi30k model, 2 threads, beam 4, on one of the machines it was measured
 # on); --hf-site / --fairseq-python measure the anchors in the same run instead.
 QUOTED = "fairseq-generate ~80 sent/s, CTranslate2 fp32 ~100-120, CTranslate2 int8 ~165 (trained small model)"
 
@@ -445,7 +445,7 @@ def main() -> None:
     print(f"nmt translate benchmark: {where}, beam 4, alpha {args.alpha} (GNMT form), batches of {args.max_tokens} tokens; "
           f"{os.cpu_count()} CPUs")
     anchors = "measured below" if (args.hf_site or args.fairseq_python) else "not measured: see --hf-site/--fairseq-python"
-    print(f"figures quoted from the issue: {QUOTED}; Hugging Face / fairseq anchors: {anchors}\n")
+    print(f"quoted figures (not measured here): {QUOTED}; Hugging Face / fairseq anchors: {anchors}\n")
     if "small" in sections:
         ckpt = args.small_checkpoint or make_random_checkpoint(
             WORK / "small_random.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,

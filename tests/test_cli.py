@@ -125,6 +125,19 @@ def test_debug_shows_traceback(tmp_path):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+def test_debug_after_the_command_shows_traceback_too(tmp_path):
+    """The error line says "use --debug": it works where users add it, after the command as well as before."""
+    r = run_nmt("translate", "-m", str(tmp_path / "missing.pt"), "--debug", input="hello\n")
+    assert r.returncode != 0 and "Traceback" in r.stderr and "no such option" not in r.stderr
+
+
+def test_debug_after_a_double_dash_is_an_argument():
+    from nmt_cli.cli import _debug_first
+
+    assert _debug_first(["train", "d", "--debug", "-o", "r"]) == ["--debug", "train", "d", "-o", "r"]
+    assert _debug_first(["score", "--", "--debug"]) == ["score", "--", "--debug"]
+
+
 def test_bad_option_value_is_one_usage_line_exit_2():
     r = run_nmt("translate", "--beam", "notanumber")
     assert r.returncode == 2 and r.stdout == ""

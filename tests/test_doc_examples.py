@@ -109,3 +109,64 @@ def test_the_readme_quick_start_runs_on_the_sample_corpus(tmp_path):
         assert r.returncode == 0, (command, r.stderr[-2000:])
     assert "BLEU" in r.stdout and len((tmp_path / "out.de").read_text().splitlines()) == \
         len((tmp_path / "input.en").read_text().splitlines())
+
+
+def _shell_blocks(page: str) -> list[list[str]]:
+    """The ```bash blocks of docs/PAGE, each as its commands: continuation lines joined, comments dropped."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "docs" / page).read_text(), flags=re.S)
+    out = []
+    for block in blocks:
+        joined = re.sub(r"\\\n\s*", "", block)
+        out.append([line.split("  #")[0].strip() for line in joined.splitlines() if line.split("#")[0].strip()])
+    return out
+
+
+def test_getting_started_sample_commands_are_what_make_demo_runs():
+    """docs/getting-started.md says `make demo` runs its four sample commands: scripts/demo.sh's nmt lines, with
+    its defaults filled in, are those commands."""
+    demo = (ROOT / "scripts" / "demo.sh").read_text()
+    ran = [line.replace("$NMT", "nmt").replace('"$DIR', '"demo').replace('"$STEPS"', "1200").replace('"', "")
+           for line in demo.splitlines() if line.startswith("$NMT ")]
+    ran = [line.split(" | tee ")[0] for line in ran]  # the demo also keeps the score in a file
+    assert "DEMO_STEPS ?= 1200" in (ROOT / "Makefile").read_text() and "${NMT_DEMO_STEPS:-1200}" in demo
+    sample = next(b for b in _shell_blocks("getting-started.md") if b[0].startswith("nmt prepare sample"))
+    assert [c.split("#")[0].strip() for c in sample] == ran
+
+
+def _supply(work: Path) -> None:
+    """The files the page expects a user to have, made from what the commands before wrote: a corpus of one's own
+    and input.en/ref.de from the sample's raw text, a.pt/b.pt/model.pt and sysA.de/sysB.de from the run."""
+    raw = work / "demo" / "data" / "raw"
+    if raw.is_dir() and not (work / "corpus").exists():
+        (work / "corpus").mkdir()
+        for split in ("train", "valid", "test"):
+            for lang in ("en", "de"):
+                shutil.copy(raw / f"{split}.{lang}", work / "corpus" / f"{split}.{lang}")
+        (work / "input.en").write_text("".join((raw / "test.en").read_text().splitlines(True)[:10]))
+        (work / "ref.de").write_text("".join((raw / "test.de").read_text().splitlines(True)[:10]))
+    last = work / "runs" / "mine" / "checkpoint_last.pt"
+    if last.exists() and not (work / "model.pt").exists():
+        for name in ("a.pt", "b.pt", "model.pt"):
+            shutil.copy(last, work / name)
+    if (work / "out.de").exists() and not (work / "sysA.de").exists():
+        shutil.copy(work / "out.de", work / "sysA.de")
+        shutil.copy(work / "ref.de", work / "sysB.de")
+
+
+def test_getting_started_commands_run_as_written(tmp_path):
+    """Every shell command of docs/getting-started.md after the install, in order, in one directory, with the step
+    counts a test affords (--max-steps 1200 -> 12, --max-time 20 -> --max-steps 4): each exits 0."""
+    blocks = _shell_blocks("getting-started.md")
+    install, rest = blocks[0], [c for block in blocks[1:] for c in block]
+    assert install[-1] == "nmt --help" and rest[0].startswith("nmt prepare sample")
+    smaller = {"--max-steps 1200": "--max-steps 12", "--max-time 20": "--max-steps 4"}
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "HF_HUB_OFFLINE": "1"}
+    for command in ["nmt --help", *rest]:
+        for real, small in smaller.items():
+            command = command.replace(real, small)
+        _supply(tmp_path)
+        r = subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=600)
+        assert r.returncode == 0, (command, r.stderr[-2000:])
+    assert (tmp_path / "demo" / "run" / "averaged.pt").exists() and (tmp_path / "runs" / "mine" / "averaged.pt").exists()

@@ -38,6 +38,7 @@ class Case:
 CASES = [
     # nmt
     Case("frobnicate", 2, ("frobnicate", "'nmt --help'")),
+    Case("trian", 2, ("no such command 'trian'; did you mean 'train'?",)),
     Case("--bogus", 2, ("--bogus",)),
     # translate: input and output files
     Case("translate -m good.pt -i missing.txt", 1, ("missing.txt", "no such file")),
@@ -79,7 +80,10 @@ CASES = [
     # train
     Case("train", 2, ("missing argument DATA_DIR",)),
     Case("train data", 2, ("missing option", "-o / --output RUN_DIR")),
-    Case("train nodata -o run", 1, ("nodata", "nmt prepare")),
+    Case("train nodata -o run", 1, ("nodata does not exist", "did you mean data?")),  # a typo: the directory beside
+    Case("train elsewhere/data -o run", 1, ("elsewhere/data does not exist", "nmt prepare sample -o elsewhere/data")),
+    Case("train ./xyz -o run", 1, ("xyz does not exist", "prepared data beside it: data")),
+    Case("train in.txt -o run", 1, ("in.txt is a file", "nmt prepare")),
     Case("train data -o run --preset huge", 2, ("--preset", "huge", "tiny")),
     Case("train data -o run --update-freq 0", 2, ("--update-freq",)),
     # prepare

@@ -91,7 +91,8 @@ def test_unreachable_hub_uses_the_cache_with_a_note_and_fails_in_one_line_when_n
     r = run_nmt("translate", "-m", "hf:my-org/not-cached", env=hub_env(tmp_path))
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 1 and len(lines) == 1, r.stderr
-    assert "hf:my-org/not-cached is not in the hub cache" in lines[0] and "HF_HUB_OFFLINE" in lines[0]
+    assert "hf:my-org/not-cached is not in the hub cache" in lines[0] and "HF_HUB_OFFLINE is set; unset it" in lines[0]
+    assert "local checkpoint" not in lines[0]  # offline by choice: the one remedy is to go online
     r = run_nmt("translate", "-m", "hf:my-org/nmt-toy@no-such-tag", env=hub_env(tmp_path))
     assert r.returncode == 1 and "not in the hub cache" in r.stderr
 

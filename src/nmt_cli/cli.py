@@ -55,7 +55,9 @@ def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version_callback, is_eager=True, help="Show the version and exit."
     ),
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show full tracebacks on errors (also accepted after the command: nmt train --debug)."
+    ),
 ) -> None:
     _state["debug"] = debug
 
@@ -67,7 +69,7 @@ for _module in (prepare, train, average, translate, serve, score, export, import
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point. Exit status: 0 done; 1 an error (an NmtError: one line on stderr saying what
     to do); 2 a usage error (one line naming the option or argument, and the --help to read); 130 interrupted."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    args = _debug_first(list(sys.argv[1:] if argv is None else argv))
     _state["debug"] = False
     click_errors = click_exceptions()
     no_args_is_help = getattr(click_errors, "NoArgsIsHelpError", ())  # click >= 8.2: `nmt` alone shows the help
@@ -101,6 +103,15 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(status if isinstance(status, int) else 0)  # --help, --version and typer.Exit(code) return a code
 
 
+def _debug_first(args: list[str]) -> list[str]:
+    """`--debug` anywhere before a `--` moves to the front, where the root command reads it: `nmt train --debug
+    ...` works as well as `nmt --debug train ...` (the error lines tell users to add it, wherever they do)."""
+    end = args.index("--") if "--" in args else len(args)
+    if "--debug" not in args[:end]:
+        return args
+    return ["--debug", *(a for a in args[:end] if a != "--debug"), *args[end:]]
+
+
 def _command_path(args: list[str]) -> str:
     """`nmt export ctranslate2`: the (sub)command the arguments name, for errors click raises without context."""
     command, path = typer.main.get_command(app), ["nmt"]
@@ -123,7 +134,8 @@ def usage_message(exc, click_errors) -> str:
         if param.param_type_name == "argument":
             return f"missing argument {argument_name(param)}"
         return f"missing option {' / '.join(param.opts)} {option_metavar(param)}".rstrip()
-    message = " ".join(exc.format_message().split()).replace(" Did you mean", "; did you mean")
+    message = " ".join(exc.format_message().split())
+    message = message.replace(". Did you mean", "; did you mean").replace(" Did you mean", "; did you mean")
     message = message.replace(": Value error, ", ": ")  # typer >= 0.2x prefixes its choice errors so
     if message[:1].isupper() and message[1:2].islower():
         message = message[0].lower() + message[1:]

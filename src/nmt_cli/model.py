@@ -38,8 +38,8 @@ def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor
     """softmax(q k^T / sqrt(K)) with padding masked: q [B, Tq, K], k [B, S, K] (unit last stride), pad bool [B, Tq,
     S] or broadcastable, or [N, 1, Tq, S] over B = N x H batches (beam search's slots, decoding/cache.py), True =
     padding -> [B, Tq, S] in k's dtype. The scale is baddbmm's alpha on CPU float32
-    (bitwise what scaling the product afterwards gives; measured 1.1-1.7x faster than matmul then mul_ on a decoding
-    step's shapes). What `attend` uses, and what alignment.py reads."""
+    (bitwise what scaling the product afterwards gives, and faster than matmul then mul_ on a decoding step's
+    shapes). What `attend` uses, and what alignment.py reads."""
     if q.dtype != k.dtype:
         q = q.to(k.dtype)
     if k.dtype == torch.float32 and k.device.type == "cpu":
@@ -54,7 +54,7 @@ def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor
 
 # Decoding's attention through F.scaled_dot_product_attention (one fused kernel on a GPU, the mask included)
 # instead of five (product, scale, mask, softmax, product): a step of a 6-layer model launches 48 kernels fewer.
-# Off until a GPU has measured it (bench/graph_ab.py times both); on CPU it is slower (see `attend`).
+# Off until a GPU has measured it (bench/tools/graph_ab.py times both); on CPU it is slower (see `attend`).
 SDPA_DECODING = False
 
 
@@ -65,8 +65,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None, out: Tens
     written into `out` [B, Tq, K] (contiguous) when given.
     scaled_dot_product_attention's CPU kernels are built for long queries: for Tq ~ 1 the flash kernel spends a
     third of decoding time in per-block overhead and the math kernel copies q, k and v to float32 first; and the
-    CPU's bf16 batched products over strided cache slices are 2-3x slower than float32 ones (measured on a 2-core
-    AVX512-BF16 CPU). With SDPA_DECODING it goes through SDPA all the same (4-D, as its fused kernels want)."""
+    CPU's bf16 batched products over strided cache slices are slower than float32 ones. With SDPA_DECODING it goes through SDPA all the same (4-D, as its fused kernels want)."""
     if SDPA_DECODING:
         groups = 1 if pad is None or pad.dim() == 3 else pad.size(0)  # [1 or N, B / N, ...] as SDPA's 4-D
         mask = None if pad is None else ~(pad.unsqueeze(0) if pad.dim() == 3 else pad)  # True = attend
@@ -90,8 +89,8 @@ _NO_BIAS = torch.zeros(1, 1, 1)  # baddbmm's `input` with beta=0: ignored, but i
 def avoid_cudnn_attention() -> None:
     """Keep `scaled_dot_product_attention` on CUDA off its cuDNN backend (process-wide; flash and memory-efficient
     attention remain). cuDNN builds an execution plan for every new (batch, length) shape, and nmt's shapes change
-    every batch (training) and every step (decoding): measured on an H200 with torch 2.11, `base` updates of 3125
-    tokens took 250-520 ms instead of 74 ms, and bf16 decoding ran 2-3x slower than fp32."""
+    every batch (training) and every step (decoding), so it spends more time planning than computing
+    (docs/results-history.md#attention-kernels-of-the-model)."""
     if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
         torch.backends.cuda.enable_cudnn_sdp(False)
 

@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
         from_dir: str = typer.Option(
             None, "--from-dir", metavar="DIR", rich_help_panel=_DATA,
             help="Downloaded files of a named corpus: {train,valid,test}.<lang>, or the hub layout "
-                 "(de-en/*.parquet)."),
+                 "(de-en/*.parquet), as `hf download wmt/wmt14 --repo-type dataset --include 'de-en/*' "
+                 "--local-dir DIR` writes it (--list names each corpus's repository)."),
         reverse: bool = typer.Option(False, "--reverse", rich_help_panel=_DATA,
                                      help="Swap the direction (wmt14-en-de becomes de-en)."),
         errors: ErrorMode = typer.Option(ErrorMode.strict, "--errors", rich_help_panel=_DATA,

@@ -70,8 +70,7 @@ def register(app: typer.Typer) -> None:
             None, "--engine-process/--no-engine-process", rich_help_panel=_SERVER, show_default="on CPU",
             help="Decode in processes of their own, so that the HTTP side never holds the decoding's Python GIL: "
                  "one per model, two with 2 threads or more on CPU (as nmt translate's streams), half the threads "
-                 "each (1.07x the throughput at 32 clients on CPU; not yet tried on a GPU, where it is off unless "
-                 "asked for).",
+                 "each (the default on CPU; not yet tried on a GPU, where it is off unless asked for).",
         ),
         beam: int = OPTIONS["beam"](),
         lenpen: float = OPTIONS["lenpen"](),

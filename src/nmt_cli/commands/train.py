@@ -174,8 +174,8 @@ def register(app: typer.Typer) -> None:
         compile_shapes: CompileShapes = typer.Option(
             CompileShapes.buckets, "--compile-shapes", rich_help_panel=_MACHINE,
             help="With --compile: buckets pads every batch to one of a few shapes (each compiled once); dynamic "
-                 "compiles once for any shape (no padding beyond the batch's longest sentence; measured 6x slower "
-                 "than eager for big on an H200)."),
+                 "compiles once for any shape (no padding beyond the batch's longest sentence, but far slower than "
+                 "eager: see docs/train.md)."),
         threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
                                     show_default="the free cores / processes",
                                     help="Torch threads per process (default: the cores not busy with other "
@@ -380,9 +380,8 @@ class Display:
         if e.get("max_tokens_auto"):
             self.line(f"--max-tokens auto: {e['max_tokens_auto']}")
         if e["device"] == "cuda" and e["max_tokens"] < defaults.MAX_TOKENS_PER_DEVICE["cuda"]:
-            self.line(f"note: micro-batches of {e['max_tokens']} tokens keep a large GPU waiting for kernel launches "
-                      "(an H200 took 31 ms per 3125-token update of base and of big alike); docs/train.md says how "
-                      "to use larger ones")
+            self.line(f"note: micro-batches of {e['max_tokens']} tokens keep a large GPU waiting for kernel launches; "
+                      "docs/train.md says how to use larger ones")
         stops = [f"{e['max_steps']} updates"]
         if e["max_time"]:
             stops.append(f"{e['max_time']:g} minutes")

@@ -191,8 +191,8 @@ def register(app: typer.Typer) -> None:
         ),
         cuda_graphs: bool = typer.Option(
             None, "--cuda-graphs/--no-cuda-graphs", rich_help_panel=_MACHINE, show_default="on a GPU",
-            help="On a GPU, replay each decoding step as a CUDA graph (one launch instead of hundreds; 1.25-1.3x "
-                 "the sentences/s on an H200). --no-cuda-graphs launches them one by one.",
+            help="On a GPU, replay each decoding step as a CUDA graph (one launch instead of hundreds). "
+                 "--no-cuda-graphs launches them one by one.",
         ),
     ) -> None:
         from nmt_cli.commands.messages import note_line, usage_error, warning_line

@@ -190,14 +190,9 @@ def _hub_layout_files(spec: CorpusSpec, d: Path, split: str) -> list[Path]:
 
 
 def local_hint(spec: CorpusSpec, name: str) -> str:
-    """How to prepare `spec` without the hub (ends the one-line download errors)."""
-    where = ""
-    if spec.hub:
-        folder = spec.hub.names()[0].split("/")[0]
-        where = (f" (e.g. `hf download {spec.hub.repo} --repo-type dataset --revision {spec.hub.revision} "
-                 f"--include '{folder}/*' --local-dir DIR` where there is network)")
-    return (f"pass local files: nmt prepare {name} --from-dir DIR{where}, or nmt prepare custom --src-lang {spec.src} "
-            f"--tgt-lang {spec.tgt} --train PREFIX --valid PREFIX --test PREFIX")
+    """How to prepare `spec` without the hub (ends the one-line download errors; `nmt prepare --help` and
+    docs/prepare.md say how to download the files elsewhere)."""
+    return f"download the files where there is network and pass them: nmt prepare {name} --from-dir DIR"
 
 
 def hub_sources(spec: CorpusSpec, name: str, progress: Progress | None = None, cache_dir=None,

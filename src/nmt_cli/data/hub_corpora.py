@@ -293,5 +293,7 @@ def _offline_message(hub: HubFiles, missing: list[str], corrupt: dict[str, str],
         name, problem = next(iter(corrupt.items()))
         return (f"the cached {name} of {hub.where} was corrupt ({problem}) and was removed; {why}, so it cannot be "
                 f"downloaded again: run again online{_tail(hint)}")
-    return (f"cannot download {len(missing)} files of {hub.where} (first: {missing[0]}): {why} and they are not in "
-            f"the cache {root}{_tail(hint)}")
+    files = f"cannot download {len(missing)} files of {hub.where} (first: {missing[0]}): they are not in the cache {root}"
+    if why == hubclient.OFFLINE_SET:  # the user chose offline: the one remedy is to go online
+        return f"{files} and HF_HUB_OFFLINE is set; unset it to download them"
+    return f"{files} and {why}{_tail(hint)}"

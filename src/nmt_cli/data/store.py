@@ -115,14 +115,32 @@ class IndexedArray:
 def load_manifest(data_dir: str | os.PathLike) -> dict:
     """The manifest of a prepared data directory, or a DataError saying how to make one."""
     path = Path(data_dir) / MANIFEST
+    if not Path(data_dir).exists():
+        raise DataError(_missing_dir_message(Path(data_dir)))
     if not Path(data_dir).is_dir():
-        raise DataError(f"{data_dir} is not a directory; create one with: nmt prepare sample -o {data_dir}")
+        raise DataError(f"{data_dir} is a file, not a data directory; give the directory nmt prepare wrote (-o DIR)")
     if not path.exists():
         raise DataError(f"{data_dir} was not written by nmt prepare (no {MANIFEST}); run nmt prepare first")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise DataError(f"{path} is not valid JSON ({exc}); re-run nmt prepare with --force") from exc
+
+
+def _missing_dir_message(data_dir: Path) -> str:
+    """A data directory that does not exist: most often a typo, so name the similar directories beside it."""
+    import difflib
+
+    parent = data_dir.parent
+    siblings = sorted(p.name for p in parent.iterdir() if p.is_dir()) if parent.is_dir() else []
+    close = difflib.get_close_matches(data_dir.name, siblings, n=3, cutoff=0.6)
+    if close:
+        names = " or ".join(str(parent / name) for name in close)
+        return f"{data_dir} does not exist; did you mean {names}?"
+    prepared = [str(parent / name) for name in siblings if (parent / name / MANIFEST).exists()][:3]
+    if prepared:
+        return f"{data_dir} does not exist; prepared data beside it: {', '.join(prepared)}"
+    return f"{data_dir} does not exist; nmt prepare writes a data directory (e.g. nmt prepare sample -o {data_dir})"
 
 
 class ParallelData:

@@ -37,9 +37,8 @@ def train_bpe(sentences: Iterable[str], vocab_size: int, *, character_coverage: 
     return model.getvalue()
 
 
-FEW_LINES = 16  # fewer lines than this are cut one at a time: sentencepiece's list calls (a thread pool each) cost
-# ~40-70 us more a call than the single-line ones (8 us to encode, 2 to decode a Multi30k line), which is what a
-# server's one-sentence requests pay
+FEW_LINES = 16  # fewer lines than this are cut one at a time: sentencepiece's list calls start a thread pool each,
+# which costs more than encoding a few lines one by one (what a server's one-sentence requests would pay)
 
 
 def _encode(sp: spm.SentencePieceProcessor, lines: list[str], out_type, num_threads: int) -> list[list]:

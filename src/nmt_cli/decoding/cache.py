@@ -10,9 +10,8 @@ with its own positions and source. A segment keeps
     the row's ancestor there. A beam reorder moves only this table (R x C integers), never the keys and values:
     a row attends over all B slots of its sentence (its beams fold into the query dimension, as in encoder-decoder
     attention), the slots that are not its ancestor's masked (`self_mask`). The products read the same memory as
-    a row-by-row attention over gathered keys would, with no gather: 0.55-0.6x the time of gather plus attention in
-    a microbenchmark at a Multi30k step's shapes (2 CPU cores), 1.02-1.03x as fast a translation, with the same
-    output (docs/results.md#cpu-translation); on a GPU a CUDA graph's reorder copies the table, not the cache.
+    a row-by-row attention over gathered keys would, with no gather, so it costs less time than gather plus
+    attention and gives the same output (docs/results-history.md#the-decoder-cache-slot-tables-merging-copies); on a GPU a CUDA graph's reorder copies the table, not the cache.
     Greedy search and sampling (one row a sentence) have one slot and no table;
   - the encoder-decoder keys and values `cross` [L, 2, N, H, S, K], computed once per sentence and shared by its
     `beams` consecutive rows (R = N x beams, sentence-major; attention folds the beams into the query dimension);
@@ -42,7 +41,8 @@ Sentences that leave do not move the others' keys and values: the sentences past
 many as the kept sentences have changes the sums of attention, and with them 3 of 4000 n-best lines.) A merge writes
 the joining sentences after the running ones, into room left in the same buffers (made with half as many sentences
 again to spare; sources rounded up to CROSS_SOURCES). In a server, where a few sentences leave and join every step
-or two, copying every running sentence's keys and values instead took ~5% of the decoding thread (py-spy).
+or two, copying every running sentence's keys and values instead would cost a share of the decoding thread worth
+saving.
 """
 
 from __future__ import annotations
@@ -54,10 +54,8 @@ from torch import Tensor
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # A joining batch merges when its length is within MERGE_GAP positions of the running segment's (merged, its rows
-# attend over the older rows' columns, masked, for as long as those run). Measured with 32 clients into a server's
-# engine (docs/results.md#serving): merging any small join into one segment (the rule before: or gap x rows <= 4096)
-# read 2.56x the columns the rows own and ran 0.95-0.97x as fast as gaps of 4 (3.4 segments a step, 1.19x the
-# columns); gaps of 0-6 measured alike, 8 0.97x, 12 0.95x.
+# attend over the older rows' columns, masked, for as long as those run). Small gaps measured alike and merging
+# everything into one segment was slower: docs/results-history.md#the-decoder-cache-slot-tables-merging-copies.
 MERGE_GAP = 4
 CROSS_SOURCES = 16  # a merged segment's room for sources: their count rounded up to a multiple of this
 
@@ -131,8 +129,8 @@ class Segment:
 
     def write(self, layer: int, new: Tensor) -> None:
         """Write one layer's new keys and values new [2, N, H, B, K] (each row into its own slot) at the position: by
-        index (the `pos` tensor) in the static layout; in the exact one by a slice at `length`, which measured ~2x
-        faster on CPU than index_copy_."""
+        index (the `pos` tensor) in the static layout; in the exact one by a slice at `length`, faster on CPU than
+        index_copy_."""
         kv = self.kv[layer]  # [2, N, H, C, B, K]
         if self.static:
             kv.index_copy_(3, self.pos, new.unsqueeze(3))
@@ -215,7 +213,7 @@ class Segment:
     def _new(self, shape: list[int] | tuple[int, ...]) -> Tensor:
         """A keys-and-values buffer: zeros in the static layout, which reads every position (masked ones must hold
         no NaN: 0 x NaN is NaN); uninitialised in the exact one, which reads only positions written (or zeroed:
-        `merge`, `repeat_beams`), and where zeroing a buffer took ~4% of decoding."""
+        `merge`, `repeat_beams`), and where zeroing a buffer would cost decoding time for nothing."""
         return self.cross.new_zeros(shape) if self.static else self.cross.new_empty(shape)
 
     def advance(self, host: bool = True, device: bool = True) -> None:
@@ -441,7 +439,7 @@ def _keep(view: Tensor, room: Tensor, sentences: Tensor, kept: list[int] | None,
         return out, out
     part = view if filled is None else view.narrow(4, 0, filled)
     for i, k in enumerate(kept):
-        if k != i:  # one copy a hole: 3x faster than index_copy_ for the one or two of a server's step
+        if k != i:  # one copy a hole: faster than index_copy_ for the one or two of a server's step
             part[:, :, i].copy_(part[:, :, k])
     return view.narrow(2, 0, n), room
 

@@ -2,8 +2,7 @@
 `select` and `advance` and the cache's beam reorder, recorded once and then replayed as one launch.
 
 Why: a step of a 6-layer model is some 300 small kernels. Launched one by one from Python, the host sets the pace
-and the GPU waits (an H200 was busy 17-61% of the time, and nmt decoded at 0.27-0.41x CTranslate2 float16;
-docs/results-history.md). A graph replays them all for the cost of one launch.
+and the GPU waits (docs/results-history.md#cuda-graphs-of-the-decoding-step). A graph replays them all for the cost of one launch.
 
 What makes a step replayable:
   - The step reads no host value that changes from step to step: the step number `t` is a [1] device tensor in a

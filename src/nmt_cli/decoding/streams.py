@@ -3,9 +3,8 @@
 
 A decoding step is many small operations: PyTorch splits each over its intra-op threads and waits for the slowest,
 and the step's Python, log-softmax, beam selection and cache gathers run mostly on one of them. Two streams with
-one thread each keep both cores busy instead: measured on a 2-core AMD EPYC (Multi30k test, beam 4, fp32), 2
-streams x 1 thread translated 1.03-1.10x as fast as 1 stream x 2 threads (docs/results.md). PyTorch's operations
-release the GIL, so the streams overlap all but their Python.
+one thread each keep both cores busy instead. PyTorch's operations release the GIL, so the streams overlap all but
+their Python.
 
 The caller says which stream decodes each batch (translate.stream_batches deals the sentences out by length, so
 that the streams get equal work and end together), and each stream runs `decode_batches` over its own, continuous
@@ -18,13 +17,8 @@ Two streams are the default only for small models (`default_streams`): below TWO
 model's step is work enough to keep two intra-op threads busy on one stream, two streams hold two working sets, and
 their per-step buffers (a batch's self-attention cache, logits over a 32k vocabulary) outgrow glibc's per-thread
 heaps (64 MB each): a stream on a thread of its own gets them mapped afresh, and faulted in again, on every
-allocation (~400,000 page faults a pass over 200 newstest2014 lines with the paper's base shape, against none after
-the first pass with one stream). Measured on a 2-core AMD EPYC (docs/results.md#cpu-translation), one stream against
-two: the base shape (60.5M parameters, 32k vocabulary) at 0.70x the peak memory, fp32 1.01-1.07x as fast
-(`bench/translate.py --sections base`, best of 3 and 5) and 1.07-1.13x (passes after the first, 200 lines), int8
-0.95-1.05x and 1.04-1.17x; d_model 256 with a 32k vocabulary (13.7M) 1.02-1.05x on first passes at 0.55x the memory;
-d_model 512 with an 8k vocabulary (48.2M) level (two streams 1.01-1.04x) at 0.72x the memory. The Multi30k small
-model (7.6M, 8k vocabulary) is where two streams win: 1.03-1.10x.
+allocation. So one stream is as fast or faster for large models, at less memory; the small Multi30k model (7.6M
+parameters) is where two streams win. The measurements: docs/results-history.md#decoding-streams-one-or-two.
 """
 
 from __future__ import annotations

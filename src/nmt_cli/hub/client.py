@@ -46,12 +46,15 @@ def reachable() -> bool:
         return False
 
 
+OFFLINE_SET = "HF_HUB_OFFLINE is set"  # offline_reason() when the user asked for it
+
+
 def offline_reason() -> str | None:
     """Why nmt is offline (HF_HUB_OFFLINE, or the hub does not answer), or None when it is online."""
     from huggingface_hub import constants
 
     if constants.HF_HUB_OFFLINE:
-        return "HF_HUB_OFFLINE is set"
+        return OFFLINE_SET
     if not reachable():
         return f"{endpoint()} cannot be reached (check the network or the proxy: HTTPS_PROXY/HTTP_PROXY)"
     return None
@@ -89,6 +92,9 @@ def error(exc: BaseException, target: Target, action: str = "download", hint: st
     status = getattr(getattr(exc, "response", None), "status_code", None)
     detail = _first_line(exc)
     local_missing = getattr(hu, "LocalEntryNotFoundError", ())
+    if local_missing and isinstance(exc, local_missing) and offline_why == OFFLINE_SET:
+        return DownloadError(f"{what} is not in the hub cache ({cache_dir()}) and HF_HUB_OFFLINE is set; unset it "
+                             "to download it")  # the user chose offline: the one remedy is to go online
     if local_missing and isinstance(exc, local_missing):
         msg = (f"{what} is not in the hub cache ({cache_dir()}) and {offline_why or 'the hub is not asked'}; "
                "download it once while online (or set HF_HUB_CACHE to a cache that holds it)")

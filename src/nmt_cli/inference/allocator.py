@@ -3,16 +3,12 @@
 A decoding step allocates and frees tensors of megabytes (logits of rows x vocabulary, cache buffers), and glibc by
 default maps blocks above a threshold afresh each time and returns the top of its heap once 128 KB of it is free
 (both thresholds adapt, slowly): each time the memory comes back, the kernel hands out zeroed pages again, one fault
-a 4 KB page. Translating the Multi30k test set (1000 lines, small model, 2 threads) took ~150,000-190,000 page
-faults and 0.3-0.37 s of system time on the first pass over it (a fresh process: what `nmt translate` runs), against
-~25,000 and 0.06 s on later passes. With blocks up to 32 MB taken from the heap, 1 GB free before it is trimmed and
-128 MB of padding on each growth: ~100,000 faults and 0.18 s on the first pass, which took 2.53-2.84 s against
-2.81-2.95 s, and `nmt translate` on that file ran in 0.98x the wall time (`farm-bench`, 10 runs in turn, AMD EPYC, 2
-cores; 0.97x with the same settings from the environment at start), peak memory 760 against 735 MB. Blocks above
-those 32 MB (the self-attention buffers of a large batch of beams: decoding/cache.py) come from the heap too (none
-mapped): mapped afresh, they took ~90,000-100,000 page faults and 0.15-0.2 s of system time on each later pass over
-that file, against ~14,000-31,000 and 0.04-0.07 s. This holds for the heap of the main thread; glibc grows another
-thread's heap in blocks of 64 MB and maps anything larger afresh whatever these settings say, which is why a larger
+a 4 KB page, which a fresh process (what `nmt translate` runs) pays on its first pass. So blocks up to 32 MB are
+taken from the heap, 1 GB may be free before it is trimmed and each growth pads 128 MB: fewer page faults and less
+system time, at a slightly higher peak. Blocks above those 32 MB (the self-attention buffers of a large batch of
+beams: decoding/cache.py) come from the heap too (none mapped), since mapped afresh they fault on every pass. The
+measurements: docs/results-history.md#keeping-freed-memory-glibc-malloc-settings. This holds for the heap of the
+main thread; glibc grows another thread's heap in blocks of 64 MB and maps anything larger afresh whatever these settings say, which is why a larger
 model decodes on one stream (decoding/streams.py). What the memory reaches stays the process's (the peak of a
 long-running `nmt serve`, too), as with PyTorch's own caching allocator on GPUs.
 

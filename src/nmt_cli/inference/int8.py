@@ -6,9 +6,7 @@ layer norms, softmax and the search stay float32. The products are FBGEMM's, thr
 (`quantized::linear_prepack`, `quantized::linear_dynamic`). Activations use 7 bits (`reduce_range`): CPUs without
 VNNI multiply-add unsigned x signed bytes into saturating 16-bit sums, and 7 bits keep those sums exact.
 
-Measured on the small Multi30k model's shapes, 2 threads, AVX2 CPU, 100-400 rows (a decoding step's): the output
-projection's product 1.9-2.4x and the feed-forward ones 1.5-1.6x faster than float32
-(docs/results-history.md#faster-cpu-decoding-int8-against-ctranslate2-again-machine-d-sixth-session).
+Why: at a decoding step's shapes int8 products are faster than float32 ones (docs/results-history.md#int8-products).
 
 This is an inference-only transformation: an int8 model is never trained or saved.
 """
@@ -50,12 +48,12 @@ class Int8Linear(nn.Module):
         bias = None if bias is None else bias.detach().float().cpu()
         self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
         # the resolved overload's C++ function: the op packet, and the overload itself, check their arguments in
-        # Python first (~4 and ~7 us a call)
+        # Python first, on every call
         overload = (torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic).default
         self._op = getattr(overload, "_op", overload)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dim() == 2 and x.dtype == torch.float32:  # a decoding step's rows: ~15 us a call less than reshaping
+        if x.dim() == 2 and x.dtype == torch.float32:  # a decoding step's rows: no reshape to pay for
             return self._op(x, self._packed, True)
         y = self._op(x.reshape(-1, self.in_features).float().contiguous(), self._packed, True)  # True: 7-bit inputs
         return y.view(*x.shape[:-1], self.out_features)

@@ -1,23 +1,21 @@
 """float32 linear layers for CPU translation through oneDNN, with the weights laid out once for its kernels.
 
-torch's float32 `F.linear` on CPU goes to Intel MKL, which on CPUs from other vendors runs far below the hardware:
-on an AMD EPYC (Zen 5, AVX-512) a decoding step's products (40-400 rows x 256 x 8000) ran at 130-180 GFLOP/s through
-MKL and at 420-460 through oneDNN with prepacked weights (`mkldnn::_reorder_linear_weight`, the layout torch's own
-compiler uses for frozen CPU models). CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere.
+torch's float32 `F.linear` on CPU goes to Intel MKL, which on CPUs from other vendors runs far below the hardware,
+where oneDNN with prepacked weights (`mkldnn::_reorder_linear_weight`, the layout torch's own compiler uses for
+frozen CPU models) runs several times faster (docs/results-history.md#onednn-products-with-packed-weights). CTranslate2 makes the same choice: MKL on Intel CPUs, oneDNN elsewhere.
 
 `use_packed()` says where: on CPUs that are not Intel's (by /proc/cpuinfo's vendor), unless `NMT_CPU_GEMM=mkl`
 (MKL everywhere) or `NMT_CPU_GEMM=onednn` (oneDNN on Intel CPUs too) says otherwise. Outputs are float32 products
 like MKL's, summed in another order: they differ from MKL's in the last bits, not in precision
-(docs/results.md#cpu-translation has how often a translation changes).
+(docs/results-history.md#cpu-decoding-on-machine-e-2026-11-25-and-2026-11-26 has how often a translation
+changes).
 
 oneDNN, and torch's ideep layer over it, prepare a kernel with its buffers for every product shape they see (the
-first call of a new shape took 1.5-2x as long as the next ones), and keep up to 1024 shapes each; a decoding step's
-row count changes every step. Unbounded, translating the Multi30k test set 1x, 4x and 16x in one process peaked at
-0.94, 1.47 and 2.19 GB (MKL: 0.56-0.61 GB). So a step's rows are padded with zero rows towards a multiple of
+first call of a new shape is slower than the next ones), and keep up to 1024 shapes each; a decoding step's row
+count changes every step, so unbounded, memory grows with the input. So a step's rows are padded with zero rows towards a multiple of
 ROW_MULTIPLE (`Transformer.row_multiple`, `model.padded_rows`: at most 1/8 more rows, none for one sentence's few)
 and `bound_caches()` caps both caches at ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per
-process): the shapes recur and stay prepared, 1.03-1.05x faster than a new row count every step, and memory is
-bounded by the cap (0.74, 0.88 and 1.14 GB for the 1x, 4x and 16x files; a cached output projection holds
+process): the shapes recur and stay prepared, and memory is bounded by the cap (a cached output projection holds
 buffers of its rows x vocabulary). The Translator does both for every CPU translation that runs on oneDNN (fp32 here, bf16).
 
 This is an inference-only transformation, as int8.py's: a packed model is never trained or saved.

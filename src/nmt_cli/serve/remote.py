@@ -2,8 +2,8 @@
 never holds the decoding's GIL.
 
 In one process, the event loop (HTTP, JSON, tokenizing, answers) and the decoding thread take Python's GIL in turn:
-at 32 clients the decoding thread waits for it ~9% of a run, and the server reaches ~0.9x the throughput of the same
-engine fed without HTTP (docs/results.md#serving). Here the HTTP process keeps everything but the decoding: it
+the decoding thread waits for it, and the server falls short of the same engine fed without HTTP
+(docs/results-history.md#the-engine-in-a-process-of-its-own). Here the HTTP process keeps everything but the decoding: it
 parses, checks, tokenizes, counts the queue and answers, and sends each request's token ids through a pipe to an
 engine process (spawned, so no thread or lock state is inherited) that runs the usual `Engine` (engine.py) and sends
 each request's hypotheses back when its last sentence is done. vLLM's V1 engine splits its API server and engine

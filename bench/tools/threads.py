@@ -2,9 +2,9 @@
 threads (the free cores, nmt_cli/runtime/cpus.py) against fixed counts (--threads 1, --threads N = one per core, the
 default before the free cores were counted), beside 0, 1 and 2 busy processes.
 
-    python bench/threads.py                       # tiny preset on the sample corpus, 2 rounds
-    python bench/threads.py --rounds 3 --steps 200 --lines 400
-    python bench/threads.py --arrives 20 --steps 600   # training only: a neighbour arrives 20 s into each run
+    python bench/tools/threads.py                       # tiny preset on the sample corpus, 2 rounds
+    python bench/tools/threads.py --rounds 3 --steps 200 --lines 400
+    python bench/tools/threads.py --arrives 20 --steps 600   # training only: a neighbour arrives 20 s into each run
 
 With `--arrives S` every training run starts on an idle machine and a busy neighbour starts S seconds in, so the
 default's start-up choice (all cores) goes stale: it shows what counting the free cores again during the run
@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "runs" / "bench_threads"
 NMT = [sys.executable, "-m", "nmt_cli.cli"]
 

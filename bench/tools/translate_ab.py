@@ -1,6 +1,6 @@
 """Before/after speed of `nmt translate` (the default path) against an older commit, alternated in one run.
 
-    python bench/translate_ab.py --old 4165a04 --model runs/m30k/run/checkpoint_last.pt \
+    python bench/tools/translate_ab.py --old 4165a04 --model runs/m30k/run/checkpoint_last.pt \
         --input runs/m30k/data/raw/test.en [--rounds 3] [--threads 2] [--options "--precision int8 --stop top"]
 
 Each round runs the real CLI with the old source tree (`git archive OLD src` first on PYTHONPATH) and with this

@@ -1,7 +1,7 @@
 """Check `nmt export` on real data: the exported CTranslate2 and Hugging Face models against `nmt translate` on the
 same weights (default: Multi30k test, 1000 lines).
 
-    python bench/export_check.py CHECKPOINT [--src ../shared/data/multi30k/test.en --ref .../test.de]
+    python bench/tools/export_check.py CHECKPOINT [--src ../shared/data/multi30k/test.en --ref .../test.de]
         [--threads 2] [-n N] [--out runs/export_check]
 
 Prints, for each engine and search setting, the share of output lines identical to nmt's and the BLEU; for the
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
 
 

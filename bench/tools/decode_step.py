@@ -4,8 +4,8 @@ beam search runs per step), for each cache layout, alternated in one process:
   static    the layout for compiled steps and CUDA graphs: capacity buckets, masked attention, in-place reorders
   compiled  static, through torch.compile(fullgraph=True) of the step (inductor; --compile, slow to start)
 
-    python bench/decode_step.py                                        # small random model (Multi30k's shape)
-    python bench/decode_step.py --checkpoint runs/m30k/run/checkpoint_last.pt --precision int8 --rows 1,20,200
+    python bench/tools/decode_step.py                                        # small random model (Multi30k's shape)
+    python bench/tools/decode_step.py --checkpoint runs/m30k/run/checkpoint_last.pt --precision int8 --rows 1,20,200
 
 A step of a small model is ~100 small tensor operations; at one row their Python and dispatch cost is nearly all of
 it. Prints ms per step (best of --rounds, each the mean of --steps steps after --start positions) and the CPU.
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from nmt_cli.checkpoints import format as checkpoint  # noqa: E402
 from nmt_cli.config import ModelConfig  # noqa: E402

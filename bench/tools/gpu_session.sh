@@ -1,20 +1,16 @@
 #!/usr/bin/env bash
-# What a GPU session runs for issue 30, in one device call of ~9 minutes (docs/results.md, GPU): the CUDA tests,
-# decoding against CTranslate2, and (since gpu_check.sh passed on 2026-11-26) the real Multi30k run of a base-sized
-# model with early stopping; GPU_CHECK=1 runs bench/gpu_check.sh instead of it. Prepare here first:
-#   echo /.whl/ >> .git/info/exclude; echo /.carry/ >> .git/info/exclude
+# A GPU check in one run of ~9 minutes (docs/results.md, GPU): the CUDA tests, decoding against CTranslate2, and a
+# real Multi30k run of a base-sized model with early stopping (GPU_CHECK=1 runs bench/tools/gpu_check.sh instead).
+# For a machine without network, put the wheels and the data beside the checkout first:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
-#   mkdir -p .carry/before && git archive 5863c94 src bench | tar -x -C .carry/before   # decoding before slot tables
-# then run it with carry [".whl", ".carry"]: bash bench/gpu_session.sh (8 files in $OUT, the device's limit)
-# Helper sessions draw on the same device minutes (on 2026-11-26 one spent 13 of 15): tell them not to call it.
-# With the machine still warm after it (~5 device minutes left), a second call: where a big update's time goes
-# (eager, bf16: top kernels; 45.2% MFU on 2026-11-26, the goal is 50%), ~2 minutes:
+# then: OUT=DIR bash bench/tools/gpu_session.sh
+# Where a big update's time goes (eager, bf16: top kernels), ~2 minutes:
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --gpu-max-tokens 25000 \
-#     --seconds 8 --window 4 --profile big 2>&1 | tee $OUT/train_profile.log
-# The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first) needs calls of its own:
+#     --seconds 8 --window 4 --profile big
+# The compiled training benchmark (~5.5 minutes a preset: 12 shapes compiled first):
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --compile-too \
 #     --gpu-max-tokens 25000 --seconds 16 --window 8 [--compile-shapes dynamic: one compilation, no bucket padding]
 set -uo pipefail
@@ -38,17 +34,8 @@ timeout 120 .venv/bin/python -m pytest -q $XDIST -p no:cacheprovider tests/test_
   > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$? at ${SECONDS}s"; tail -8 "$OUT/cuda_tests.log"
 # 2. decoding: graphs (the default) against graphs with SDPA's attention and no graphs, in one process,
 #    then against CTranslate2 on base and big (fp16-graph and fp16: graphs on and off, --no-cuda-graphs)
-timeout 60 .venv/bin/python bench/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
+timeout 60 .venv/bin/python bench/tools/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
 echo "graph A/B rc=$? at ${SECONDS}s"; tail -9 "$OUT/graph_ab.log"
-#    the same script on the code before beam reorders moved slot tables instead of the cache (5863c94), carried as
-#    .carry/before (git archive 5863c94 src bench | tar -x -C .carry/before): the slot tables' effect on a GPU
-#    (appended to graph_ab.log: 8 files come back at most)
-if [ -d .carry/before ]; then
-  echo "== before slot tables (5863c94)" >> "$OUT/graph_ab.log"
-  ln -sfn "$(cd ../shared && pwd)" .carry/shared  # (its data path: two folders above its bench/)
-  timeout 60 .venv/bin/python .carry/before/bench/graph_ab.py --precision fp16 >> "$OUT/graph_ab.log" 2>&1
-  echo "graph A/B before slot tables rc=$? at ${SECONDS}s"; tail -11 "$OUT/graph_ab.log"
-fi
 #    (base also profiled with graphs: the GPU's busy share and its top kernels, where the gap to CTranslate2 is)
 for section in base big; do
   PROFILE=$([ $section = base ] && echo --profile)
@@ -57,12 +44,12 @@ for section in base big; do
     > "$OUT/translate_$section.log" 2>&1; echo "translate bench ($section) rc=$? at ${SECONDS}s"
   grep -E "^(base|big)|^  (nmt|CTranslate2|identical)|^profile|error" "$OUT/translate_$section.log" | head -20
 done
-# 3. the command line on one GPU: a real run (issue 30, point 5: Multi30k, base-sized model, at most 10 minutes,
-#    early stopping on validation, averaging, test BLEU), or GPU_CHECK=1: gpu_check.sh (train bf16/fp16, translate
-#    fp32/bf16/fp16 against the CPU; passed on 2026-11-26)
+# 3. the command line on one GPU: a real run (Multi30k, base-sized model, at most 10 minutes, early stopping on
+#    validation, averaging, test BLEU), or GPU_CHECK=1: gpu_check.sh (train bf16/fp16, translate fp32/bf16/fp16
+#    against the CPU)
 left=$((570 - SECONDS))
 if [ "${GPU_CHECK:-0}" = 1 ] && [ $left -gt 60 ]; then
-  CHECK_DIR=runs/gpu_check timeout $left bash bench/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
+  CHECK_DIR=runs/gpu_check timeout $left bash bench/tools/gpu_check.sh > "$OUT/gpu_check.log" 2>&1
   echo "gpu_check rc=$? at ${SECONDS}s"; grep -E "^==|BLEU" "$OUT/gpu_check.log" | head -16
 elif [ $left -gt 150 ]; then
   # at most 10 minutes, fewer where the call's time would not hold prepare, averaging and translation (~110 s)
@@ -73,7 +60,7 @@ elif [ $left -gt 150 ]; then
     > "$OUT/multi30k.log" 2>&1
   echo "multi30k rc=$? at ${SECONDS}s"; grep -E "^==|^done|\.de +[0-9]" "$OUT/multi30k.log" | head -20
   cp runs/multi30k_gpu/run/metrics.jsonl "$OUT/multi30k_metrics.jsonl" 2>/dev/null
-  # CUDA graphs (the default on a GPU since 2026-11-26) against --no-cuda-graphs on real, variable-length outputs
+  # CUDA graphs (the default on a GPU) against --no-cuda-graphs on real, variable-length outputs
   M=runs/multi30k_gpu/run/averaged.pt
   for round in 1 2; do for flag in --cuda-graphs --no-cuda-graphs; do
     [ -f $M ] && [ $SECONDS -lt 575 ] || continue

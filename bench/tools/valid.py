@@ -2,9 +2,9 @@
 through the real Trainer.validate(), in 1 or more CPU processes; with --before, against an older commit's, runs
 alternating.
 
-    python bench/valid.py                          # train the model once (--minutes), then time this tree
-    python bench/valid.py --before 6744d64         # this tree against that commit's src/, alternating
-    python bench/valid.py --checkpoint RUN/checkpoint_last.pt --precisions fp32 --procs 2 --threads 1
+    python bench/tools/valid.py                          # train the model once (--minutes), then time this tree
+    python bench/tools/valid.py --before 6744d64         # this tree against that commit's src/, alternating
+    python bench/tools/valid.py --checkpoint RUN/checkpoint_last.pt --precisions fp32 --procs 2 --threads 1
 
 The model: d_model 256, d_ff 1024, 4 heads, 3+3 layers, 8k joint BPE on Multi30k en-de (../shared/data/multi30k,
 prepared as bench/train.py prepares it), trained --minutes minutes in bf16 with --max-tokens 4096 (warmup 400, peak
@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "runs" / "bench_valid"
 MODEL = {"d_model": 256, "d_ff": 1024, "n_heads": 4, "encoder_layers": 3, "decoder_layers": 3}
 
@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: nmt train's choice)")
     ap.add_argument("--procs", type=int, default=1, help="CPU processes validating together (gloo; rank 0 timed)")
     args = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/, for bench/train.py
     from train import multi30k_data_dir
 
     WORK.mkdir(parents=True, exist_ok=True)

@@ -4,8 +4,8 @@ attention as five operations (the default) and through SDPA (model.SDPA_DECODING
 yet measured). (Until 2026-11-26 beam reorders gathered the cache, in place or into spare buffers; they now move a
 slot table, decoding/cache.py: run this script on both commits to compare.)
 
-    python bench/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
-    python bench/graph_ab.py --device cpu --precision fp32 --lines 40 --rounds 1   # the script itself, on CPU
+    python bench/tools/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
+    python bench/tools/graph_ab.py --device cpu --precision fp32 --lines 40 --rounds 1   # the script itself, on CPU
       (there the "graphs" are the recorded function run eagerly: decoding/graphs.py)
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from nmt_cli import model as model_module  # noqa: E402
 from nmt_cli.config import ModelConfig  # noqa: E402
@@ -26,7 +26,7 @@ from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs  # noqa: E402
 from nmt_cli.model import Transformer, avoid_cudnn_attention  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "wmt14_newstest_ende"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "wmt14_newstest_ende"
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """Training start-up at WMT scale: seconds from `nmt train` starting to its first update being done.
 
     python bench/prepare.py --pairs 4500000 --work runs/synth    # the data: runs/bench_prepare/wmt_4500000
-    python bench/train_start.py runs/bench_prepare/wmt_4500000
-    python bench/train_start.py DATA --src /path/to/other/checkout/src --src src --repeat 3   # A/B, alternated
-    python bench/train_start.py DATA --profile       # where one process's seconds go (cProfile, this checkout)
+    python bench/tools/train_start.py runs/bench_prepare/wmt_4500000
+    python bench/tools/train_start.py DATA --src /path/to/other/checkout/src --src src --repeat 3   # A/B, alternated
+    python bench/tools/train_start.py DATA --profile       # where one process's seconds go (cProfile, this checkout)
 
 Each run is `python -m nmt_cli.cli train DATA2 -o RUN --preset tiny --max-steps 1 --log-every 1 [--cpu-procs N]`
 in a fresh process with a fresh RUN; the time is from just before the process starts to the moment the first
@@ -12,7 +12,7 @@ training split alone (links to its files and a manifest without the other splits
 update 1 with its checkpoint instead of validating: its CPU time (all processes, user + system, from
 getrusage) is then the start-up's plus that save's. `--src` picks the source tree the command runs (PYTHONPATH),
 so two versions can be compared on the same machine, alternated run by run, after one untimed run of each (which
-compiles the tree's bytecode and reads the data into the page cache). The issue's target: under 10 s with
+compiles the tree's bytecode and reads the data into the page cache). The target: under 10 s with
 1 process as with 2, on the 2-core machine. The load average before each run is printed: other work on the
 machine slows the start-up, which is CPU-bound.
 
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TARGET_S = 10.0
 
 

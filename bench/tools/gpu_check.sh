@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The command line on one GPU (issue 15): `nmt train --gpus 1` in bf16 and fp16 on the sample corpus, then
+# The command line on one GPU: `nmt train --gpus 1` in bf16 and fp16 on the sample corpus, then
 # `nmt translate --device cuda` in fp32/bf16/fp16 of the same checkpoint against the CPU's fp32 output, scored.
-# Usage: bash bench/gpu_check.sh   (env: NMT, CHECK_DIR, STEPS)
+# Usage: bash bench/tools/gpu_check.sh   (env: NMT, CHECK_DIR, STEPS)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 NMT=${NMT:-.venv/bin/nmt}
 OUT=${CHECK_DIR:-runs/gpu_check}
 STEPS=${STEPS:-1000}

@@ -1,7 +1,7 @@
 """Before/after training speed of `nmt train` itself: this checkout against an older commit, alternated in one run.
 
-    python bench/train_ab.py --old 4165a04                       # small Multi30k model, fp32, 3 rounds
-    python bench/train_ab.py --old 4165a04 --steps 60 --rounds 5 --threads 1
+    python bench/tools/train_ab.py --old 4165a04                       # small Multi30k model, fp32, 3 rounds
+    python bench/tools/train_ab.py --old 4165a04 --steps 60 --rounds 5 --threads 1
 
 Each round runs the real CLI (`python -m nmt_cli.cli train`) once with the old source tree (`git archive OLD src`,
 put first on PYTHONPATH) and once with this checkout's, on the same prepared data (runs/m30k/data, or --data),
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--d-model", "256", "--d-ff", "1024", "--heads", "4", "--layers", "3", "--dropout", "0.1"]
 
 
