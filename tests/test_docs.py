@@ -101,7 +101,8 @@ def test_pip_install_of_the_wheel_is_said_to_come_later():
     clone, and that the wheel comes once published (docs/cli.md, the --help texts, names the extras as published)."""
     import re
 
-    for md in [ROOT / "README.md", *(p for p in (ROOT / "docs").glob("*.md") if p.name != "cli.md")]:
+    as_written = {"cli.md", "changes-before-0.1.0.md"}  # (the log keeps its lines as they were written)
+    for md in [ROOT / "README.md", *(p for p in (ROOT / "docs").glob("*.md") if p.name not in as_written)]:
         text = md.read_text()
         for line in text.splitlines():
             if re.search(r"pip install '?nmt-cli", line):
