@@ -346,3 +346,30 @@ def test_cuda_out_of_memory_in_translation_is_one_line(tmp_path, toy_tokenizer_b
                         "--max-tokens", "200000"], input=text, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1, r.stderr
     assert r.stderr.count("\n") == 1 and "memory" in r.stderr and "--max-tokens" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("options", [dict(seed=7), dict(topk=5)])
+def test_serve_engine_samples_on_cuda_with_a_request_seed_or_settings(tmp_path, toy_tokenizer_bytes, options):
+    """A `nmt serve` request with its own seed or sampling settings gets a generator on the model's device (before,
+    a CPU one, which torch.multinomial refuses on CUDA: the request failed); with a seed, twice the same output."""
+    import threading
+
+    from nmt_cli.serve.engine import Engine
+
+    path = make_checkpoint(tmp_path / "m.pt", toy_tokenizer_bytes, seed=1)
+    engine = Engine(Translator.load(str(path), device="cuda", sampling=True, max_len_b=6), max_queue=16)
+
+    def run(lines):
+        done, box = threading.Event(), []
+        engine.submit(lines, engine.config(**options), lambda job: (box.append(job), done.set()))
+        assert done.wait(120)
+        return box[0]
+
+    try:
+        lines = [p[0] for p in toy_pairs(6, seed=2)]
+        first, second = run(lines), run(lines)
+        assert first.error is None and second.error is None, first.error or second.error
+        if "seed" in options:
+            assert [h[0].tokens for h in first.results] == [h[0].tokens for h in second.results]
+    finally:
+        engine.close()

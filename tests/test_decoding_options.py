@@ -139,9 +139,15 @@ def ckpt(tmp_path_factory, toy_tokenizer_bytes):
     return make_checkpoint(tmp_path_factory.mktemp("ckpt") / "m.pt", toy_tokenizer_bytes, seed=3)
 
 
+@pytest.fixture(scope="module")
+def ckpt2(tmp_path_factory, toy_tokenizer_bytes):
+    return make_checkpoint(tmp_path_factory.mktemp("ckpt2") / "m.pt", toy_tokenizer_bytes, seed=9)
+
+
 def _translator(ckpt, **kw) -> Translator:
     search_cfg = kw.pop("search", SearchConfig(beam=4, max_len_a=1.0, max_len_b=6))
-    return Translator(load_checkpoints([ckpt]), "cpu", "fp32", TranslateConfig(search=search_cfg, **kw))
+    models = ckpt if isinstance(ckpt, list) else [ckpt]
+    return Translator(load_checkpoints(models), "cpu", "fp32", TranslateConfig(search=search_cfg, **kw))
 
 
 def test_translator_keeps_each_prefix_verbatim(ckpt):
@@ -159,9 +165,12 @@ def test_translator_keeps_each_prefix_verbatim(ckpt):
         translate_stream(_translator(ckpt), io.BytesIO(text), io.BytesIO(), prefixes=io.BytesIO(b"die\n"))
 
 
-def test_token_scores_sum_to_the_hypothesis_log_prob_and_links_are_valid(ckpt):
+@pytest.mark.parametrize("members", [1, 2])
+def test_token_scores_sum_to_the_hypothesis_log_prob_and_links_are_valid(ckpt, ckpt2, members):
+    """One model, and an ensemble of two: the teacher-forced token scores are the search's own (before, an
+    ensemble's came from its first member and did not add up to the hypothesis' log-probability)."""
     lines = [p[0] for p in toy_pairs(8, seed=5)]
-    tr = _translator(ckpt, token_scores=True, alignment="pieces")
+    tr = _translator([ckpt, ckpt2][:members], token_scores=True, alignment="pieces")
     sources = tr.encode(lines, 1)
     hyps = tr.translate_ids(sources)
     outputs = tr.translate(lines)

@@ -363,3 +363,16 @@ def test_decoding_attention_equals_sdpa_on_strided_cache_slices():
     out = attend(q.bfloat16().reshape(24, 2, 8), k.reshape(24, 11, 8), v.reshape(24, 11, 8), pad)
     assert out.dtype == torch.bfloat16  # bf16 model, float32 cache: bf16 out, float32 inside
     torch.testing.assert_close(out.float().view(6, 4, 2, 8), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_fp16_decoding_attention_scales_the_query_before_the_product():
+    """q k^T of 64-dim fp16 vectors of 40s is 102,400, past fp16's 65,504; scaled first (q / 8) it fits, and the
+    attention is that of float32 (before, the product overflowed to inf and the softmax gave NaN)."""
+    q = torch.full((2, 1, 64), 40.0)
+    k = torch.full((2, 3, 64), 40.0)
+    k[:, 1] = 30.0
+    v = torch.randn(2, 3, 64)
+    expected = attend(q, k, v)
+    got = attend(q.half(), k.half(), v.half())
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), expected, atol=1e-2, rtol=1e-2)

@@ -37,15 +37,15 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
 def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(K)) with padding masked: q [B, Tq, K], k [B, S, K] (unit last stride), pad bool [B, Tq,
     S] or broadcastable, or [N, 1, Tq, S] over B = N x H batches (beam search's slots, decoding/cache.py), True =
-    padding -> [B, Tq, S] in k's dtype. The scale is baddbmm's alpha on CPU float32
-    (bitwise what scaling the product afterwards gives, and faster than matmul then mul_ on a decoding step's
-    shapes). What `attend` uses, and what alignment.py reads."""
+    padding -> [B, Tq, S] in k's dtype. The scale is baddbmm's alpha on CPU float32 (faster than matmul then mul_
+    on a decoding step's shapes); elsewhere q is scaled before the product, as fairseq, CTranslate2 and SDPA do, so
+    that an fp16 product cannot overflow where the scaled one fits. What `attend` uses, and what alignment.py reads."""
     if q.dtype != k.dtype:
         q = q.to(k.dtype)
     if k.dtype == torch.float32 and k.device.type == "cpu":
         scores = torch.baddbmm(_NO_BIAS, q, k.transpose(1, 2), beta=0.0, alpha=q.size(-1) ** -0.5)  # [B, Tq, S]
     else:
-        scores = torch.bmm(q, k.transpose(1, 2)).mul_(q.size(-1) ** -0.5)
+        scores = torch.bmm(q * q.size(-1) ** -0.5, k.transpose(1, 2))
     if pad is not None:
         grouped = scores if pad.dim() == 3 else scores.view(pad.size(0), -1, *scores.shape[1:])
         grouped.masked_fill_(pad, float("-inf"))

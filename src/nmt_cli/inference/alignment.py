@@ -36,9 +36,11 @@ class Analysis:
 @torch.inference_mode()
 def analyse(model, src: list[list[int]], hyps: list[list[int]], layer: int = -1) -> list[Analysis]:
     """Teacher-force `hyps` (target ids without BOS/EOS) given `src` (source ids with EOS) through `model` (a
-    Transformer; an Ensemble's first member) and read decoder layer `layer`'s encoder-decoder attention."""
-    model = getattr(model, "models", [model])[0]
-    device = next(model.parameters()).device
+    Transformer, or an Ensemble: every member) and read decoder layer `layer`'s encoder-decoder attention. An
+    ensemble's token scores are the search's own (the log-softmax of the members' mean log-probabilities, so they
+    add up to the hypothesis' log-probability) and its attention the members' mean, as fairseq's."""
+    members = getattr(model, "models", [model])
+    device = next(members[0].parameters()).device
     n = len(src)
     s_len, t_len = max(len(s) for s in src), max(len(h) for h in hyps) + 1
     src_t = torch.full((n, s_len), PAD_ID, dtype=torch.long)
@@ -50,6 +52,21 @@ def analyse(model, src: list[list[int]], hyps: list[list[int]], layer: int = -1)
         tgt_out[i, : len(h) + 1] = torch.tensor([*h, EOS_ID])
     src_t, tgt_in, tgt_out = src_t.to(device), tgt_in.to(device), tgt_out.to(device)
     mask = src_t.eq(PAD_ID)
+    forced = [_teacher_forced(m, src_t, tgt_in, mask, layer) for m in members]
+    lprobs = forced[0][0] if len(forced) == 1 else F.log_softmax(torch.stack([lp for lp, _ in forced]).mean(0), -1)
+    lprobs = lprobs.gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    attn = torch.stack([a for _, a in forced]).mean(0)
+    out = []
+    for i, (s, h) in enumerate(zip(src, hyps, strict=True)):
+        real = len(s) - 1 if s and s[-1] == EOS_ID else len(s)  # the source's EOS is never a link
+        links = attn[i, : len(h), : max(real, 1)].argmax(-1).tolist()
+        out.append(Analysis(lprobs[i, : len(h) + 1].tolist(), links))
+    return out
+
+
+def _teacher_forced(model, src: Tensor, tgt_in: Tensor, mask: Tensor, layer: int) -> tuple[Tensor, Tensor]:
+    """One Transformer's log-probabilities [B, T, V] (float32) of the next token at every target position, and decoder
+    layer `layer`'s encoder-decoder attention averaged over its heads [B, T, S]."""
     captured: dict[str, Tensor] = {}
     attention = model.decoder_layers[layer].cross_attn
 
@@ -65,17 +82,10 @@ def analyse(model, src: list[list[int]], hyps: list[list[int]], layer: int = -1)
 
     handle = attention.register_forward_hook(hook, with_kwargs=True)
     try:
-        logits = model(src_t, tgt_in, mask)
+        logits = model(src, tgt_in, mask)
     finally:
         handle.remove()
-    lprobs = F.log_softmax(logits.float(), dim=-1).gather(-1, tgt_out.unsqueeze(-1)).squeeze(-1)  # [B, T]
-    attn = captured["attn"]
-    out = []
-    for i, (s, h) in enumerate(zip(src, hyps, strict=True)):
-        real = len(s) - 1 if s and s[-1] == EOS_ID else len(s)  # the source's EOS is never a link
-        links = attn[i, : len(h), : max(real, 1)].argmax(-1).tolist()
-        out.append(Analysis(lprobs[i, : len(h) + 1].tolist(), links))
-    return out
+    return F.log_softmax(logits.float(), dim=-1), captured["attn"]
 
 
 def word_index(pieces: list[str]) -> list[int]:

@@ -156,14 +156,14 @@ class Engine:
         seq = next(self.jobs)
         key = tuple(getattr(cfg, f.name) for f in FIELDS)  # (dataclasses.astuple deep-copies: slower)
         generator = None
-        if cfg.sampling:
+        if cfg.sampling:  # (a generator on the model's device: torch.multinomial refuses a CPU one on a GPU)
             if cfg.seed is not None and cfg != self.default:
                 key = (*key, "seeded", seq)  # its own search and generator: reproducible whatever else runs
-                generator = torch.Generator().manual_seed(cfg.seed)
+                generator = torch.Generator(device=self.translator.device).manual_seed(cfg.seed)
             elif cfg == self.default:
                 generator = self.translator.generator  # the server's stream, as `nmt translate` over one input
             else:
-                generator = torch.Generator()
+                generator = torch.Generator(device=self.translator.device)
                 generator.seed()
         job = Job(sources, cfg, key, on_finish, [None] * len(sources), seq=seq)
         todo = [i for i, s in enumerate(sources) if s]
