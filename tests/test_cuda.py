@@ -373,3 +373,32 @@ def test_serve_engine_samples_on_cuda_with_a_request_seed_or_settings(tmp_path, 
             assert [h[0].tokens for h in first.results] == [h[0].tokens for h in second.results]
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("ensemble", [False, True])
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(sampling=True, seed=3, nbest=2),
+                                     dict(beam=4, no_repeat_ngram=2, min_len=2)])
+def test_every_eager_path_waits_for_the_gpu_only_at_host_checks(options, static, ensemble, monkeypatch):
+    """Without CUDA graphs too (serve, ensembles, sampling, --no-cuda-graphs, validation): every step between two
+    host checks (one every GPU_CHECK_EVERY steps, the default on a GPU) runs under set_sync_debug_mode("error"),
+    batches joining, prefixes given; and the outputs are those of checking every step (but for sampling)."""
+    from nmt_cli.decoding import scheduler
+    from nmt_cli.decoding.config import Sources
+    from nmt_cli.inference.ensemble import Ensemble
+
+    model = Ensemble([_tiny_model(1).cuda(), _tiny_model(2).cuda()]) if ensemble else _tiny_model().cuda()
+    src, mask = _sources("cuda", n=24)
+    lengths = (~mask).sum(1).tolist()
+    batches = [Sources(src[:12], mask[:12], lengths[:12]), Sources(src[12:], mask[12:], lengths[12:])]
+    prefixes = [[[5, 6]] + [[]] * 11, None]
+    cfg = SearchConfig(max_len_a=1.0, max_len_b=12, **options)
+    every = decode_batches(model, batches, cfg, prefixes, static=static, check_every=1)
+    monkeypatch.setattr(scheduler, "CHECK_SYNCS", True)
+    try:
+        sparse = decode_batches(model, batches, cfg, prefixes, static=static)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert [len(hs) for hs in sum(sparse, [])] == [len(hs) for hs in sum(every, [])]
+    if not cfg.sampling:
+        assert [[h.tokens for h in hs] for hs in sum(sparse, [])] == [[h.tokens for h in hs] for hs in sum(every, [])]

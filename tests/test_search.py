@@ -214,10 +214,10 @@ def test_length_penalty_formulas():
 
 
 def test_max_output_length_is_source_plus_50_capped_by_the_model():
-    src = torch.tensor([[5, 6, 7, EOS_ID], [5, EOS_ID, PAD_ID, PAD_ID]])
-    lengths = max_output_lengths(src == PAD_ID, src, SearchConfig(), limit=None)
-    assert lengths.tolist() == [54, 52]
-    assert max_output_lengths(src == PAD_ID, src, SearchConfig(), limit=30).tolist() == [30, 30]
+    lengths = [4, 2]  # [5, 6, 7, EOS] and [5, EOS]
+    assert max_output_lengths(lengths, SearchConfig(), limit=None) == [54, 52]
+    assert max_output_lengths(lengths, SearchConfig(), limit=30) == [30, 30]
+    assert max_output_lengths([3, 10], SearchConfig(max_len_a=1.5, max_len_b=-12), limit=None) == [1, 3]
 
 
 @pytest.mark.parametrize("bad", [dict(beam=0), dict(nbest=5), dict(lp="x"), dict(alpha=-1.0), dict(stop="x")])
@@ -456,14 +456,17 @@ def test_every_search_joins_batches_with_the_same_outputs(options, ensemble):
 @pytest.mark.parametrize("check_every", [2, 5])
 def test_checking_every_k_steps_gives_the_same_outputs(check_every):
     """Done sentences wait for the host's next check in place, masked: nothing they do after is recorded."""
-    model = tiny(seed=9)
+    from nmt_cli.inference.ensemble import Ensemble
+
     src, mask, _ = mixed_batch(20, seed=10)
     batches = [(src[:10], mask[:10]), (src[10:], mask[10:])]
-    for cfg in (SearchConfig(beam=4, nbest=2, **SHORT), SearchConfig(beam=4, stop="top", **SHORT),
-                SearchConfig(beam=1, **SHORT)):
-        every = decode_batches(model, batches, cfg, check_every=1)
-        sparse = decode_batches(model, batches, cfg, check_every=check_every)
-        assert [[h.tokens for h in hs] for hs in sum(every, [])] == [[h.tokens for h in hs] for hs in sum(sparse, [])]
+    for model in (tiny(seed=9), Ensemble([tiny(seed=9), tiny(seed=19)])):  # (a GPU checks every 4 steps on all)
+        for cfg in (SearchConfig(beam=4, nbest=2, **SHORT), SearchConfig(beam=4, stop="top", **SHORT),
+                    SearchConfig(beam=1, **SHORT)):
+            every = decode_batches(model, batches, cfg, check_every=1)
+            sparse = decode_batches(model, batches, cfg, check_every=check_every)
+            assert [[h.tokens for h in hs] for hs in sum(every, [])] == \
+                [[h.tokens for h in hs] for hs in sum(sparse, [])]
 
 
 def test_outputs_respect_max_length_and_never_hold_specials():
@@ -513,7 +516,7 @@ def test_beam_search_with_block_topk_equals_plain_topk(monkeypatch):
 @pytest.mark.parametrize("width", [8000, 37000, 1000, 997])  # blocks of 64, 50, 50; 997 (prime): each beam's own topk
 def test_candidates_are_the_best_over_beams_times_vocabulary(width):
     g = torch.Generator().manual_seed(width)
-    state = SearchState(4, 5, torch.full((5,), 3), 4, None, 0, "cpu")
+    state = SearchState(4, 5, [3] * 5, None, 0, "cpu")
     state.scores = torch.randn(5, 4, generator=g) * 3
     state.scores[0, 1:] = float("-inf")  # a sentence at its first step: one live beam
     lprobs = torch.randn(20, width, generator=g).log_softmax(-1)
@@ -732,8 +735,7 @@ def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
     cfg = SearchConfig(beam=4, max_len_a=1.0, max_len_b=10)
     search = algorithm(cfg)
     cache = model.init_cache(model.encode(src, mask), mask, static=True)
-    max_len = max_output_lengths(mask, src, cfg, None)
-    state = SearchState(4, 4, max_len, int(max_len.max()) + 1, None, 0, "cpu")
+    state = SearchState(4, 4, max_output_lengths((~mask).sum(1).tolist(), cfg, None), None, 0, "cpu")
     cache.repeat_beams(4)
     cache.make_room(model.config.max_positions)
     state.first_rows()
@@ -745,7 +747,7 @@ def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
         after_step(cache)
     assert keys[0] == keys[1] == keys[2] == keys[3]
     assert graphable(model, cache, state, cfg, 1)
-    assert not graphable(model, cache, state, cfg, int(max_len.min()) - 1)  # EOS forced on a row
+    assert not graphable(model, cache, state, cfg, min(state.max_len_host) - 1)  # EOS forced on a row
     for other in (dict(sampling=True, seed=1), dict(no_repeat_ngram=2)):
         assert not graphable(model, cache, state, SearchConfig(**{**cfg.__dict__, **other}), 1)
     state.prefix, state.begin = torch.tensor([[5, 6]] * 4), [0] * 4
@@ -756,3 +758,34 @@ def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
         plain = decode_batches(model, [(src, mask)], c, prefix, static=True)
         graphed = decode_batches(model, [(src, mask)], c, prefix, static=True, graphs=StepGraphs("cpu"))
         assert [[h.tokens for h in hs] for hs in plain[0]] == [[h.tokens for h in hs] for hs in graphed[0]]
+
+
+@pytest.mark.parametrize("ensemble", [False, True])
+@pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(sampling=True, seed=1, nbest=2),
+                                     dict(beam=4, no_repeat_ngram=2, min_len=2)])
+def test_no_step_reads_the_device_between_host_checks(options, ensemble, monkeypatch):
+    """Every search, exact and static layouts, prefixes included: the host reads device values (tolist, item, bool,
+    int, float, numpy) and makes tensors from host values only at batch starts and host checks, never per step
+    (counted through hooks: a run of 20 steps does as many as one of 3). On a GPU each read waits for the device."""
+    from nmt_cli.decoding.config import Sources
+    from nmt_cli.inference.ensemble import Ensemble
+
+    counts = {"reads": 0, "made": 0}
+    for name in ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, **kw: (
+            counts.__setitem__("reads", counts["reads"] + 1), _real(self, *a, **kw))[1])
+    real_tensor = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **kw: (counts.__setitem__("made", counts["made"] + 1),
+                                                           real_tensor(*a, **kw))[1])
+    model = Ensemble([tiny(seed=9), tiny(seed=19)]) if ensemble else tiny(seed=9)
+    src, mask, seqs = mixed_batch(8, seed=10)
+    batch = Sources(src, mask, [len(s) for s in seqs])
+    seen = []
+    for steps in (3, 20):
+        counts.update(reads=0, made=0)
+        cfg = SearchConfig(max_len_a=0.0, max_len_b=steps, **options)
+        for static in (False, True):  # one host check: at the last step
+            decode_batches(model, [batch], cfg, [[[5, 6]] + [[]] * 7], check_every=10**6, static=static)
+        seen.append(dict(counts))
+    assert seen[0] == seen[1] and seen[0]["reads"] > 0

@@ -175,11 +175,12 @@ def test_ctrl_c_ends_every_stream_before_it_propagates(ckpt_path, monkeypatch, t
 
 def test_decode_batches_stops_at_a_host_check_when_asked(ckpt_path):  # noqa: F811
     from nmt_cli.decoding import decode_batches
+    from nmt_cli.decoding.config import source_batch
     from nmt_cli.decoding.scheduler import Stopped
 
     tr = translator(ckpt_path)
-    src, pad = tr._tensor(tr.encode(lines(4), 1))
+    batch = source_batch(tr.encode(lines(4), 1), tr.device)
     asked = []
     with pytest.raises(Stopped):
-        decode_batches(tr.model, [(src, pad)], tr.config.search, stop=lambda: asked.append(1) or len(asked) > 2)
+        decode_batches(tr.model, [batch], tr.config.search, stop=lambda: asked.append(1) or len(asked) > 2)
     assert len(asked) == 3

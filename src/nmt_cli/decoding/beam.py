@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import EOS_ID
-from nmt_cli.decoding.config import SearchConfig
+from nmt_cli.decoding.config import SearchConfig, index_on
 from nmt_cli.decoding.state import SearchState
 
 
@@ -46,7 +46,7 @@ class BeamSearch:
         order = (rank + (tokens == EOS_ID).long() * width).argsort(dim=1)[:, :k]  # non-EOS first, by rank
         first_row = state.first_rows()
         if keep is not None:
-            index = torch.tensor(keep, device=scores.device)
+            index = index_on(keep, scores.device)
             order, beams, tokens, scores = order[index], beams[index], tokens[index], scores[index]
             first_row = first_row[index]
             state.keep(keep, tokens=False)

@@ -52,6 +52,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from nmt_cli.decoding.config import index_on
+
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # A joining batch merges when its length is within MERGE_GAP positions of the running segment's (merged, its rows
 # attend over the older rows' columns, masked, for as long as those run). Small gaps measured alike and merging
@@ -349,7 +351,7 @@ class DecoderCache:
             seg = self.segments[0]
             sentences = None
             if keep is not None and len(keep) < seg.sentences:
-                sentences = torch.tensor(keep, device=rows.device)
+                sentences = index_on(keep, rows.device)
             seg.reorder(rows, sentences, keep)
             return
         kept, row_start, first_sentence, first_row = [], 0, 0, 0

@@ -7,9 +7,12 @@ the GNMT form `((5 + len) / 6) ** alpha` or the fairseq form `len ** alpha`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import torch
 from torch import Tensor
 
+from nmt_cli.config import PAD_ID
 from nmt_cli.errors import ConfigError
 from nmt_cli.runtime import defaults
 
@@ -96,10 +99,54 @@ def length_penalty(length: int, alpha: float, form: str = "gnmt") -> float:
     raise ConfigError(f"unknown length penalty form {form!r}; choose one of {', '.join(LENGTH_PENALTIES)}")
 
 
-def max_output_lengths(src_pad_mask: Tensor | None, src: Tensor, cfg: SearchConfig, limit: int | None) -> Tensor:
-    """Maximum generated tokens (EOS included) per sentence: a * source tokens + b, capped at `limit`.  -> [B]"""
-    src_len = src.new_full((src.size(0),), src.size(1)) if src_pad_mask is None else (~src_pad_mask).sum(1)
-    max_len = (src_len.double() * cfg.max_len_a).long() + cfg.max_len_b
-    if limit is not None:
-        max_len = max_len.clamp(max=limit)
-    return max_len.clamp(min=1)
+def max_output_lengths(lengths: list[int], cfg: SearchConfig, limit: int | None) -> list[int]:
+    """Maximum generated tokens (EOS included) per sentence of `lengths` source tokens (EOS included): a * source
+    tokens + b, capped at `limit`, at least 1. On the host: the sources' lengths are known before decoding."""
+    cap = limit if limit is not None else float("inf")
+    return [max(1, min(int(n * cfg.max_len_a) + cfg.max_len_b, cap)) for n in lengths]
+
+
+class Sources(NamedTuple):
+    """A batch for decode_batches: source ids [B, S], right-padded, and their padding mask [B, S] (True at padding)
+    on the decoding device; their lengths on the host (so that the search never reads them back); optionally the
+    batch already encoded (its decoder cache: a server encodes arriving sentences while the search decodes)."""
+
+    src: Tensor
+    src_pad_mask: Tensor | None
+    lengths: list[int]
+    cache: object = None
+
+
+def source_batch(seqs: list[list[int]], device) -> Sources:
+    """`seqs` (token ids with EOS, none empty) as a Sources batch on `device`, padded on the host and copied once
+    (asynchronously from page-locked memory to a GPU)."""
+    width = max(len(s) for s in seqs)
+    src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    for row, s in enumerate(seqs):
+        src[row, : len(s)] = torch.tensor(s, dtype=torch.long)
+    mask = src == PAD_ID
+    return Sources(to_device(src, device), to_device(mask, device), [len(s) for s in seqs])
+
+
+class Kept(list):
+    """The sentences that stay when others leave (indices, a host list), with their device copy made once for the
+    search, the state and the cache alike (`on`)."""
+
+    _copy: Tensor | None = None
+
+    def on(self, device) -> Tensor:
+        if self._copy is None:
+            self._copy = to_device(torch.tensor(self, dtype=torch.long), device)
+        return self._copy
+
+
+def index_on(keep: list[int], device) -> Tensor:
+    """`keep` as a device index: a Kept list's one copy, else a new one."""
+    return keep.on(device) if isinstance(keep, Kept) else to_device(torch.tensor(keep, dtype=torch.long), device)
+
+
+def to_device(x: Tensor, device) -> Tensor:
+    """A host tensor on `device`: on a GPU through page-locked memory, without waiting for the device."""
+    if torch.device(device).type != "cuda":
+        return x
+    return x.pin_memory().to(device, non_blocking=True)

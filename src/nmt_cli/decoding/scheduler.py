@@ -28,20 +28,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from nmt_cli.config import PAD_ID
 from nmt_cli.decoding.beam import BeamSearch
-from nmt_cli.decoding.config import Hypothesis, SearchConfig, max_output_lengths
+from nmt_cli.decoding.config import Hypothesis, Kept, SearchConfig, Sources, max_output_lengths
 from nmt_cli.decoding.constraints import constrain, prefix_tensor
-from nmt_cli.decoding.graphs import StepGraphs, after_step, graphable, step_body, step_key
+from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs, after_step, graphable, step_body, step_key
 from nmt_cli.decoding.sampling import Sampling
 from nmt_cli.decoding.state import SearchState
 
 JOIN_BELOW = 0.5  # the next batch joins once the running one is down to half its size (measured: docs/results-history.md#continuous-batching-machine-d-ninth-session)
 CHECK_EVERY = 1  # host checks on CPU, where reading a flag costs nothing and finished sentences leaving at once pays
+CHECK_SYNCS = False  # tests, on a GPU: a step between two host checks that waits for the device raises
 
-Batch = tuple[Tensor, Tensor | None]  # src [B, S], src_pad_mask [B, S] (True at padding) or None
-# A Feed may hand out a batch already encoded, (src, src_pad_mask, its decoder cache from `encode_batch`): a server
-# encodes arriving sentences on another thread while the search decodes.
+# A batch: Sources (config.py: ids, padding mask, host lengths, maybe its decoder cache), or a plain (src, src_pad_mask)
+# whose lengths are read from the mask once (free on CPU; one wait on a GPU).
+Batch = Sources | tuple[Tensor, Tensor | None]
 
 
 class Stopped(Exception):
@@ -79,14 +79,15 @@ def algorithm(cfg: SearchConfig, generator: torch.Generator | None = None, devic
 @torch.inference_mode()
 def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes: Iterable[list[list[int]] | None]
                    | None = None, generator: torch.Generator | None = None, join_below: float = JOIN_BELOW,
-                   check_every: int = CHECK_EVERY, static: bool = False, search: BeamSearch | Sampling | None = None,
+                   check_every: int | None = None, static: bool = False, search: BeamSearch | Sampling | None = None,
                    feed: Feed | None = None, on_done: Callable[[int, list[Hypothesis]], None] | None = None,
                    stop: Callable[[], bool] | None = None, graphs: StepGraphs | None = None,
                    ) -> list[list[list[Hypothesis]]]:
     """Search every batch -> per batch, per sentence, its hypotheses (best first; samples in the order drawn).
 
     `prefixes`: per batch, the target token ids each output must start with (one list per sentence), or None.
-    `join_below` 0 runs the batches one after the other. `static`: static caches (cache.py), for compiled steps;
+    `join_below` 0 runs the batches one after the other. `check_every`: steps between host checks (default: every
+    step on CPU, GPU_CHECK_EVERY on a GPU, where each check waits for the device). `static`: static caches (cache.py), for compiled steps;
     then done sentences leave only once at most half of a batch is left, so a step's row count halves at most
     log2(batch) times.
     `search`: the algorithm (default `algorithm(cfg, generator)`).
@@ -107,6 +108,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     if upcoming is None:
         return []
     search = search or algorithm(cfg, generator, upcoming[0].device)
+    if check_every is None:
+        check_every = CHECK_EVERY if upcoming[0].device.type == "cpu" else GPU_CHECK_EVERY
     per = search.per
     results: list[list[Hypothesis]] = []  # per sentence, in batch order (not kept with on_done)
     sizes: list[int] = []
@@ -115,7 +118,10 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     state: SearchState | None = None
     t = 0
     checked = True  # the host knows which sentences are done (right after a check)
+    guard = CHECK_SYNCS and upcoming[0].device.type == "cuda"  # (tests; the caller resets the mode)
     while upcoming is not None or state is not None or feed is not None:
+        if guard:
+            torch.cuda.set_sync_debug_mode(0 if checked else "error")
         if feed is not None and upcoming is None:
             if state is None:
                 upcoming = feed.wait()
@@ -125,16 +131,16 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                 upcoming = feed.poll(state.n)
         if state is None or (checked and upcoming is not None and (
                 feed is not None or (join_below and state.n <= join_below * upcoming[0].size(0)))):
-            src, src_pad_mask, *encoded = upcoming
+            src, src_pad_mask, lengths, encoded = _sources(upcoming)
             upcoming = next(pending, None)
-            prefix = prefix_tensor(next(prefix_iter) if prefix_iter else None, src.size(0), src.device)
-            max_len = _max_len(model, src, src_pad_mask, cfg, prefix)
-            cache_new = encoded[0] if encoded else encode_batch(model, src, src_pad_mask, static)
+            prefix_ids = next(prefix_iter) if prefix_iter else None
+            prefix = prefix_tensor(prefix_ids, src.size(0), src.device)
+            max_len = _max_len(model, lengths, cfg, prefix_ids if prefix is not None else None)
+            cache_new = encoded if encoded is not None else encode_batch(model, src, src_pad_mask, static)
             n = src.size(0)
             if state is None:  # start afresh: all `per` rows of a sentence start identical, decode one row each
                 cache = cache_new
-                state = SearchState(per, n, max_len, int(max_len.max()) + 1, prefix, started, src.device,
-                                    search.beam)
+                state = SearchState(per, n, max_len, prefix, started, src.device, search.beam)
                 t = 0
                 lprobs = _log_probs(model, state.tokens[::per, 0].contiguous(), cache).repeat_interleave(per, dim=0)
                 cache.repeat_beams(per)
@@ -191,8 +197,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                     state = None
                     continue
                 keep = [i for i, d in enumerate(done) if d is False]
-                if not search.keeps_order:
-                    keep = cache.order(keep)
+                keep = Kept(keep if search.keeps_order else cache.order(keep))
         if lprobs is not None:
             rows = search.advance(state, t, chosen, keep)
             if rows is not None:
@@ -203,6 +208,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             drop = state.trim()  # steps before the oldest unfinished sentence began
             t -= drop
         t += 1
+    if guard:
+        torch.cuda.set_sync_debug_mode(0)
     if search.beam:
         results = [_ranked(hyps, cfg) for hyps in results]
     ends = list(accumulate(sizes))
@@ -219,13 +226,22 @@ def encode_batch(model, src: Tensor, src_pad_mask: Tensor | None, static: bool =
     return model.init_cache(model.encode(src, src_pad_mask), src_pad_mask, static)
 
 
-def _max_len(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig, prefix: Tensor | None) -> Tensor:
-    """Maximum output lengths [B]. A prefix of P tokens raises a sentence's maximum to at least P + 1 (the prefix
-    and EOS)."""
+def _sources(batch: Batch) -> Sources:
+    """A batch as Sources: a plain (src, src_pad_mask[, decoder cache]) gets its lengths from the mask (one read)."""
+    if isinstance(batch, Sources):
+        return batch
+    src, mask, *encoded = batch
+    lengths = [src.size(1)] * src.size(0) if mask is None else (~mask).sum(1).tolist()
+    return Sources(src, mask, lengths, encoded[0] if encoded else None)
+
+
+def _max_len(model, lengths: list[int], cfg: SearchConfig, prefix: list[list[int]] | None) -> list[int]:
+    """Maximum output lengths, on the host. A prefix of P tokens raises a sentence's maximum to at least P + 1 (the
+    prefix and EOS)."""
     limit = getattr(getattr(model, "config", None), "max_positions", None)
-    max_len = max_output_lengths(src_pad_mask, src, cfg, limit)
+    max_len = max_output_lengths(lengths, cfg, limit)
     if prefix is not None:
-        max_len = torch.maximum(max_len, prefix.ne(PAD_ID).sum(1) + 1)
+        max_len = [max(m, len(p) + 1) for m, p in zip(max_len, prefix, strict=True)]
     return max_len
 
 

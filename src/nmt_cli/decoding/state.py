@@ -13,12 +13,13 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import BOS_ID, PAD_ID
-from nmt_cli.decoding.config import Hypothesis, length_penalty
+from nmt_cli.decoding.config import Hypothesis, index_on, length_penalty, to_device
 
 
 class SearchState:
-    def __init__(self, per: int, batch: int, max_len: Tensor, width: int, prefix: Tensor | None, first_id: int,
-                 device, beam: bool = True):
+    def __init__(self, per: int, batch: int, max_len: list[int], prefix: Tensor | None, first_id: int, device,
+                 beam: bool = True):
+        width = max(max_len) + 1
         self.per, self.beam = per, beam
         self.tokens = torch.full((batch * per, width), PAD_ID, dtype=torch.long, device=device)  # [R, W]
         self.tokens[:, 0] = BOS_ID
@@ -30,8 +31,8 @@ class SearchState:
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)  # [N]
         self.top_ended = torch.zeros(batch, dtype=torch.bool, device=device)  # a step's best candidate ended [N]
         self.row_done = torch.zeros(batch * per, dtype=torch.bool, device=device)  # sampling: the row ended [R]
-        self.max_len = max_len  # [N] the step by which each sentence ends (its maximum length + begin)
-        self.max_len_host = max_len.tolist()  # the same on the host (known from the sources: no sync in a step)
+        self.max_len_host = list(max_len)  # the step by which each sentence ends (its maximum length + begin)
+        self.max_len = to_device(torch.tensor(max_len), device)  # the same [N] on the device (copied once)
         self.prefix = prefix  # [N, P] forced target prefix (PAD where free), or None
         self.begin = [0] * batch  # host: each sentence's first step
         self.begin_t: Tensor | None = None  # the same [N] on the device, None while all are 0
@@ -82,15 +83,17 @@ class SearchState:
         """The prefix token each row must produce at step t ([R], PAD where free); None when no row is forced."""
         if self.prefix is None or t - max(self.begin) >= self.prefix.size(1):
             return None
-        own = (t - torch.tensor(self.begin)).to(self.tokens.device).unsqueeze(1)  # [N, 1]
+        if self.begin_t is None:  # all began together: the prefixes' column t
+            return self.prefix[:, t].repeat_interleave(self.per)
+        own = (t - self.begin_t).unsqueeze(1)  # [N, 1] (the device copy of `begin`: nothing copied per step)
         width = self.prefix.size(1)
         token = self.prefix.gather(1, own.clamp(max=width - 1)).masked_fill_(own >= width, PAD_ID)
         return token.view(-1).repeat_interleave(self.per)
 
-    def join(self, batch: int, max_len: Tensor, prefix: Tensor | None, t: int, first_id: int) -> None:
-        """Add `batch` sentences that begin at step t (before it is decoded), maximum lengths max_len [batch]."""
+    def join(self, batch: int, max_len: list[int], prefix: Tensor | None, t: int, first_id: int) -> None:
+        """Add `batch` sentences that begin at step t (before it is decoded), maximum lengths `max_len`."""
         k, device = self.per, self.tokens.device
-        width = max(self.tokens.size(1), t + int(max_len.max()) + 1)
+        width = max(self.tokens.size(1), t + max(max_len) + 1)
         self.tokens = _widen(self.tokens, width, batch * k)
         self.tokens[-batch * k :, t] = BOS_ID
         self.fin_tokens = _widen(self.fin_tokens, width, batch)
@@ -101,21 +104,21 @@ class SearchState:
         self.done = torch.cat([self.done, self.done.new_zeros(batch)])
         self.top_ended = torch.cat([self.top_ended, self.top_ended.new_zeros(batch)])
         self.row_done = torch.cat([self.row_done, self.row_done.new_zeros(batch * k)])
-        self.max_len = torch.cat([self.max_len, max_len + t])
-        self.max_len_host += [m + t for m in max_len.tolist()]
+        self.max_len_host += [m + t for m in max_len]
+        self.max_len = torch.cat([self.max_len, to_device(torch.tensor(max_len), device) + t])
         if self.prefix is not None or prefix is not None:
             old = self.prefix if self.prefix is not None else self.tokens.new_full((self.n, 1), PAD_ID)
             new = prefix if prefix is not None else self.tokens.new_full((batch, 1), PAD_ID)
             p = max(old.size(1), new.size(1))
             self.prefix = torch.cat([_pad_cols(old, p), _pad_cols(new, p)])
         self.begin += [t] * batch
-        self.begin_t = torch.tensor(self.begin, device=device)
+        self.begin_t = to_device(torch.tensor(self.begin), device)
         self.ids += list(range(first_id, first_id + batch))
 
     def keep(self, keep: list[int], tokens: bool = True) -> Tensor:
         """Keep sentences `keep` (indices, in the order they take), and their rows; the others have left. -> the
         kept rows [N'*per]. `tokens` False: leave `tokens` to the caller (beam search gathers the rows it continues)."""
-        index = torch.tensor(keep, device=self.tokens.device)
+        index = index_on(keep, self.tokens.device)
         rows = (index.unsqueeze(1) * self.per + torch.arange(self.per, device=index.device)).view(-1)
         if tokens:
             self.tokens = self.tokens.index_select(0, rows)

@@ -32,6 +32,7 @@ def translate_fits(model, search, max_source: int, max_sentences: int, device: t
     batches one after the other (no joining), in the cache layout decoding will use (`static`: CUDA graphs' capacity
     buckets, more memory than the exact layout). The model's vocabulary size is read from its config."""
     from nmt_cli.decoding import decode_batches
+    from nmt_cli.decoding.config import Sources
 
     forced = dataclasses.replace(search, min_len=10**9, nbest=1)
     vocab = model.config.vocab_size
@@ -42,7 +43,8 @@ def translate_fits(model, search, max_source: int, max_sentences: int, device: t
         for sentences, length in translate_shapes(tokens, max_source, max_sentences):
             src = random_tokens(sentences, length, vocab, device, generator)
             pad = torch.zeros(sentences, length, dtype=torch.bool, device=device)
-            decode_batches(model, [(src, pad)], forced, generator=sampler, join_below=0.0, static=static)
+            batch = Sources(src, pad, [length] * sentences)  # (lengths on the host: no read-back)
+            decode_batches(model, [batch], forced, generator=sampler, join_below=0.0, static=static)
 
     def fits(tokens: int) -> bool:
         with torch.inference_mode():

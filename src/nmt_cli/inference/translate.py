@@ -23,9 +23,10 @@ import torch
 
 from nmt_cli.checkpoints import averaging, marian, pretrained
 from nmt_cli.checkpoints import format as ckpt_io
-from nmt_cli.config import EOS_ID, PAD_ID
+from nmt_cli.config import EOS_ID
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
+from nmt_cli.decoding.config import source_batch
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
 from nmt_cli.decoding.streams import decode_streams, default_streams
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
@@ -310,7 +311,8 @@ class Translator:
 
     def decode_options(self) -> dict:
         """decode_batches' options: with CUDA graphs on (a GPU), static caches, a host check every GPU_CHECK_EVERY
-        steps (each check waits for the device) and the steps as graphs; else the defaults."""
+        steps and the steps as graphs; else the defaults (a host check every step on CPU, every GPU_CHECK_EVERY
+        steps on a GPU)."""
         if self.graphs is None:
             return {}
         return dict(static=True, check_every=GPU_CHECK_EVERY, graphs=self.graphs)
@@ -319,14 +321,6 @@ class Translator:
         """Indices of non-empty sources, longest first, in batches of <= max_tokens padded tokens, and the decoding
         stream of each (`stream_batches`)."""
         return stream_batches(sources, self.config.max_tokens, self.config.max_sentences, self.streams())
-
-    def _tensor(self, seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded ids [B, S] and padding mask [B, S] (True at padding)."""
-        width = max(len(s) for s in seqs)
-        src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
-        for row, s in enumerate(seqs):
-            src[row, : len(s)] = torch.tensor(s, dtype=torch.long)
-        return src.to(self.device), (src == PAD_ID).to(self.device)
 
     def encode_prefixes(self, prefixes: list[str], first_line: int) -> list[list[int]]:
         """Target prefix ids per line (no BOS/EOS; [] for an empty prefix); one that leaves no room to go on is
@@ -350,7 +344,7 @@ class Translator:
                                            for i in range(len(sources))]
         batches, owner = self.batches(sources)
         with out_of_memory_advice(self._out_of_memory):
-            per_batch = decode_streams(self.model, [self._tensor([sources[i] for i in b]) for b in batches],
+            per_batch = decode_streams(self.model, [source_batch([sources[i] for i in b], self.device) for b in batches],
                                        self.config.search, [[prefixes[i] for i in b] for b in batches] if prefixes else
                                        None, owner, JOIN_BELOW if self.config.join_batches else 0.0,
                                        self.generator, **self.decode_options())

@@ -31,8 +31,8 @@ from itertools import count
 
 import torch
 
-from nmt_cli.config import PAD_ID
 from nmt_cli.decoding import Hypothesis, SearchConfig, decode_batches, encode_batch
+from nmt_cli.decoding.config import Sources, source_batch
 from nmt_cli.inference.translate import Translator
 
 JOIN_FRACTION = 0.25  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
@@ -257,7 +257,7 @@ class _Feed:
         self.owners: dict[int, tuple[Job, int]] = {}  # sentence id -> (job, index)
         self.next_id = 0
         self.cancellations = engine.cancellations  # cancellations seen
-        self.ready: deque[tuple] = deque()  # encoded batches (src, src_pad_mask, cache), in the order of their ids
+        self.ready: deque[Sources] = deque()  # encoded batches (with their cache), in the order of their ids
         self.encoding = 0  # sentences being encoded now
         self.running = self.group.running = 0  # sentences the search decoded at its last look
         self.stopped = False
@@ -293,13 +293,13 @@ class _Feed:
                 live = self._live() if room > 0 and not self._others_waiting() else 0
                 wait = JOIN_WAIT_S - (time.monotonic() - self.group.waiting[0][3]) if live else None
                 if live and (self.group.worth_encoding() or wait <= 0):
-                    src, pad = self._take(room)
-                    self.encoding = src.size(0)
+                    batch = self._take(room)
+                    self.encoding = batch.src.size(0)
                     break
                 engine.cond.wait(wait)
-        cache = encode_batch(engine.translator.model, src, pad)
+        cache = encode_batch(engine.translator.model, batch.src, batch.src_pad_mask)
         with engine.cond:
-            self.ready.append((src, pad, cache))
+            self.ready.append(batch._replace(cache=cache))
             self.encoding = 0
             engine.cond.notify_all()
         return True
@@ -371,7 +371,7 @@ class _Feed:
             self.engine._finished(dropped, dropped=True)
         return len(waiting)
 
-    def _take(self, room: int):
+    def _take(self, room: int) -> Sources:
         """The oldest waiting sentences as one batch: at most `room` sentences and the engine's max_tokens padded
         tokens (always at least one sentence)."""
         waiting, tr = self.group.waiting, self.engine.translator
@@ -385,14 +385,11 @@ class _Feed:
             waiting.popleft()
             taken.append((job, i))
             width = w
-        src = torch.full((len(taken), width), PAD_ID, dtype=torch.long)
         for row, (job, i) in enumerate(taken):
-            src[row, : len(job.sources[i])] = torch.tensor(job.sources[i], dtype=torch.long)
             self.owners[self.next_id + row] = (job, i)
         self.next_id += len(taken)
         self.engine.batches += 1
-        src = src.to(tr.device)
-        return src, src == PAD_ID
+        return source_batch([job.sources[i] for job, i in taken], tr.device)
 
     def done(self, sentence: int, hyps: list[Hypothesis]) -> None:
         job, i = self.owners.pop(sentence)

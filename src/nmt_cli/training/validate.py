@@ -97,7 +97,7 @@ class Validator:
         decoding engine as `nmt translate` decodes (Translator.translate_ids with one stream), at the run's
         precision (`decoding_model`)."""
         from nmt_cli.decoding import JOIN_BELOW, SearchConfig, decode_batches
-        from nmt_cli.decoding.graphs import GPU_CHECK_EVERY
+        from nmt_cli.decoding.config import source_batch
         from nmt_cli.inference.translate import DEFAULT_MAX_TOKENS, TranslateConfig, stream_batches
 
         rt, sources = self.rt, self.sources
@@ -107,10 +107,9 @@ class Validator:
         found = {i: [] for i, s in enumerate(sources) if not s} if rt.is_main else {}  # (empty: not decoded)
         if not mine:
             return found
-        options = {"check_every": GPU_CHECK_EVERY} if rt.device.type == "cuda" else {}
-        feed = (_padded([sources[i] for i in b], rt.device) for b in mine)  # made as the search takes them
+        feed = (source_batch([sources[i] for i in b], rt.device) for b in mine)  # made as the search takes them
         per_batch = decode_batches(decoding_model(module, rt.precision), feed, SearchConfig(beam=self.beam),
-                                   join_below=JOIN_BELOW, **options)
+                                   join_below=JOIN_BELOW)
         for b, hyps in zip(mine, per_batch, strict=True):
             found.update((i, h[0].tokens if h else []) for i, h in zip(b, hyps, strict=True))
         return found
@@ -157,10 +156,3 @@ def decoding_model(module, precision: str):
     a step mixes bf16 products with float32 buffers and fails.)"""
     dtype = DTYPES[precision]
     return module if dtype == torch.float32 else copy.deepcopy(module).to(dtype)
-
-
-def _padded(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded ids [B, S] and their padding mask [B, S] (True at padding), as Translator._tensor."""
-    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(s, dtype=torch.long) for s in seqs], batch_first=True,
-                                          padding_value=PAD_ID)
-    return src.to(device), (src == PAD_ID).to(device)
