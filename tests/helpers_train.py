@@ -22,6 +22,30 @@ def poison_loss(monkeypatch, at: int, factor: float) -> dict:
     return calls
 
 
+def run_ranks(target, world_size: int, *args) -> list:
+    """`world_size` spawned processes, each running target(rank, world_size, init_method, *args, results): what each
+    put on `results` (a queue; the rank first), in rank order. Every process must end with exit status 0."""
+    import multiprocessing as mp
+
+    from nmt_cli.training.spawn import free_port
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=target, args=(r, world_size, init, *args, results)) for r in range(world_size)]
+    for p in procs:
+        p.start()
+    try:
+        out = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert [p.exitcode for p in procs] == [0] * world_size
+    return out
+
+
 def validate_checkpoint(rank: int, world_size: int, init_method: str | None, checkpoint: str, data_dir: str,
                         beam: int, results, precision: str = "fp32") -> None:
     """One rank of a validation of `checkpoint` on `data_dir`'s valid split over gloo (`world_size` 1: no process

@@ -658,29 +658,13 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights
 def test_flags_raised_by_any_rank_are_agreed_by_all_one_update_later():
     """runtime.Votes: rank 1's stop at update 2 and rank 0's save at update 4 reach every rank with the exchange of
     the update after; one process reads its own flags at once."""
-    import multiprocessing as mp
-
-    from helpers_train import exchange_votes
+    from helpers_train import exchange_votes, run_ranks
     from nmt_cli.training.runtime import Votes
-    from nmt_cli.training.spawn import free_port
 
     raised = {(1, 2): (True, False), (0, 4): (False, True)}
     want = [(False, False)] * 6
     want[3], want[5] = (True, False), (False, True)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=exchange_votes, args=(r, 2, init, raised, results)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    assert got == [(0, want), (1, want)]
+    assert run_ranks(exchange_votes, 2, raised) == [(0, want), (1, want)]
     alone = Votes(Runtime(Launch("cpu", 1, None, False, "fp32")))
     assert alone.exchange(True, False) == (True, False) and alone.exchange(False, True) == (False, True)
 

@@ -10,11 +10,10 @@ import pytest
 import sacrebleu
 
 from conftest import write_toy_data_dir
-from helpers_train import validate_checkpoint
+from helpers_train import run_ranks, validate_checkpoint
 from nmt_cli.data.store import ParallelData, read_tokenizer
 from nmt_cli.training.config import TrainConfig
 from nmt_cli.training.launch import train
-from nmt_cli.training.spawn import free_port
 from nmt_cli.training.validate import deal
 
 BEAM = 2
@@ -39,20 +38,7 @@ def _validate(world_size: int, checkpoint, data, precision: str = "fp32") -> lis
     if world_size == 1:
         validate_checkpoint(0, 1, None, str(checkpoint), str(data), BEAM, results, precision)
         return [results.get(timeout=60)]
-    init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=validate_checkpoint, args=(r, world_size, init, str(checkpoint), str(data), BEAM,
-                                                           results)) for r in range(world_size)]
-    for p in procs:
-        p.start()
-    try:
-        out = sorted((results.get(timeout=120) for _ in procs), key=lambda r: r[0])
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    assert [p.exitcode for p in procs] == [0] * world_size
-    return out
+    return run_ranks(validate_checkpoint, world_size, str(checkpoint), str(data), BEAM)
 
 
 def test_the_deal_gives_every_rank_a_balanced_share():
