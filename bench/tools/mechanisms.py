@@ -8,7 +8,6 @@ Run it twice through farm-bench, alternated, and read the ratio (docs/results.md
 Mechanisms (what `--off` turns off):
   streams       two decoding streams for a small model on 2+ threads (decoding/streams.py): one stream
   blocked-topk  beam search's candidates through vocabulary blocks on CPU (decoding/beam.py): a plain top-k
-  allocator     glibc's malloc kept from returning freed memory (inference/allocator.py): glibc's defaults
   row-padding   decoding steps' rows padded towards a multiple of 32 where products go through oneDNN
                 (inference/packed.py; fp32 on non-Intel CPUs, bf16): every step its own row count
   packed        float32 products through oneDNN with weights laid out once (non-Intel CPUs' default): MKL's
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-MECHANISMS = ("none", "streams", "blocked-topk", "allocator", "row-padding", "packed")
+MECHANISMS = ("none", "streams", "blocked-topk", "row-padding", "packed")
 
 
 def turn_off(name: str) -> list[str]:
@@ -34,10 +33,6 @@ def turn_off(name: str) -> list[str]:
         from nmt_cli.decoding import beam
 
         beam._block_size = lambda width, k: None
-    elif name == "allocator":
-        from nmt_cli.inference import allocator
-
-        allocator.keep_freed_memory = lambda: []
     elif name == "row-padding":
         from nmt_cli.inference import packed
 
