@@ -83,4 +83,4 @@ def test_package_data_is_declared():
     undeclared = [p for p in others if not any(fnmatch.fnmatch(p[len("serve/"):], g) for g in patterns["nmt_cli.serve"])]
     assert not undeclared, f"not in pyproject's package-data: {undeclared}"
     manifest = (ROOT / "MANIFEST.in").read_text()
-    assert all(f"*{p.rsplit('.', 1)[1]}" in manifest for p in others), "MANIFEST.in lacks an extension"
+    assert all(f"*.{p.rsplit('.', 1)[1]}" in manifest for p in others), "MANIFEST.in lacks an extension"
