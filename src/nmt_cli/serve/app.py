@@ -1,10 +1,12 @@
-"""The HTTP layer of `nmt serve` (Starlette): LibreTranslate's endpoints and nmt's /health and /info.
+"""The HTTP layer of `nmt serve` (Starlette): LibreTranslate's endpoints (/translate, /detect, /translate_file,
+/download_file, /suggest, /languages, /spec, /frontend/settings, /health), nmt's /info, and the web page at /.
 
 Bodies are read up to `Limits.max_body` bytes (413 past it) and parsed strictly: JSON (an object, UTF-8), a
 urlencoded form or a multipart form (LibreTranslate's clients send all three). Every error is JSON
 `{"error": "one line"}`: 400 bad request, 403 API key, 404/405 no such endpoint or method, 413 too large, 415 a
 body of another type, 503 busy (with Retry-After: the queue is full, or the request ran past the time limit),
-500 a failure of the search (the server goes on).
+500 an internal error or a failed search, with a request id that the log shows beside the traceback (the server
+goes on).
 """
 
 from __future__ import annotations
@@ -262,10 +264,14 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         return JSONResponse(frontend_settings(service, store is not None, suggestions is not None))
 
     async def index(request: Request) -> Response:
-        return page.response("index.html")
+        return asset_response("index.html")
 
     async def asset(request: Request) -> Response:
-        return page.response(request.path_params["name"])
+        return asset_response(request.path_params["name"])
+
+    def asset_response(name: str) -> Response:
+        content, media_type, headers = page.asset(name)
+        return Response(content, media_type=media_type, headers=headers)
 
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
         return error(exc.status, exc.message, exc.headers)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from importlib import resources
 
-from starlette.responses import Response
-
 from nmt_cli.serve.service import RequestError
 
 ASSETS = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
@@ -25,9 +23,9 @@ class Page:
         folder = resources.files("nmt_cli.serve") / "static"
         self.assets = {name: (folder / name).read_bytes() for name in ASSETS}
 
-    def response(self, name: str) -> Response:
+    def asset(self, name: str) -> tuple[bytes, str, dict[str, str]]:
+        """A file of the page -> (its bytes, media type, headers); a 404 for any other name."""
         if name not in self.assets:
             raise RequestError(404, f"no file {name[:80]} in the page's assets")
-        return Response(self.assets[name], media_type=ASSETS[name],
-                        headers={"Content-Security-Policy": POLICY, "X-Content-Type-Options": "nosniff",
-                                 "Cache-Control": "no-cache"})
+        return self.assets[name], ASSETS[name], {"Content-Security-Policy": POLICY, "X-Content-Type-Options": "nosniff",
+                                                 "Cache-Control": "no-cache"}
