@@ -26,7 +26,7 @@ Examples:
   curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
       -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
   nmt serve -m en-de.pt -m de-en.pt --host 0.0.0.0 --api-keys keys.txt
-  nmt serve -m en-de.pt --suggestions corrections.jsonl    # then open http://127.0.0.1:8080/
+  nmt serve -m en-de.pt --suggestions fixes.jsonl  # the web page is at /
   nmt serve -m model.pt --langs en-de --precision int8 --threads 4
 """
 _SERVER = "Server"
