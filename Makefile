@@ -34,7 +34,8 @@ $(VENV)/.export: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,export]'
 	@touch $@
 
-# The serve extra (starlette, uvicorn) and the clients its tests talk to it with (httpx, libretranslatepy).
+# The serve extra (starlette, uvicorn, py3langid, python-docx) and the clients its tests talk to it with (httpx,
+# libretranslatepy, and selenium for the web page, in the system's Chromium: .ci/run installs it).
 $(VENV)/.serve: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,serve,test-serve]'
 	@touch $@

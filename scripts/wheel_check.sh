@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # nmt installed the way users install it (`make wheel-check`, run by CI): `python -m build` makes the sdist and,
-# from it, the wheel (into dist/); the wheel must hold the modules of src/nmt_cli and its metadata, nothing else
+# from it, the wheel (into dist/); the wheel must hold the modules of src/nmt_cli, the web page of nmt serve
+# (src/nmt_cli/serve/static, package-data) and its metadata, nothing else
 # (no tests, bench, docs). It is then installed (not editable) into a fresh virtual environment, and `nmt --version`
 # and the sample pipeline (prepare, a 30-update tiny train, translate, score) run from a directory outside the
 # repository.
@@ -42,10 +43,11 @@ stray = [n for n in names if not n.startswith(("nmt_cli/", info))]
 assert not stray, f"the wheel holds files outside the package: {stray}"
 modules = {n for n in names if n.startswith("nmt_cli/")}
 src = {p.relative_to("src").as_posix() for p in Path("src/nmt_cli").rglob("*.py") if "__pycache__" not in p.parts}
+src |= {p.relative_to("src").as_posix() for p in Path("src/nmt_cli/serve/static").iterdir()}  # package-data
 assert modules == src, f"the wheel's package differs from src/nmt_cli: missing {sorted(src - modules)}, " \
                        f"extra {sorted(modules - src)}"
 assert f"{info}entry_points.txt" in names and f"{info}METADATA" in names, names
-print(f"wheel: {len(modules)} modules of nmt_cli (= src/nmt_cli/**/*.py) and "
+print(f"wheel: {len(modules)} files of nmt_cli (= src/nmt_cli/**/*.py and serve/static/*) and "
       f"{len(names) - len(modules)} metadata files ({', '.join(n[len(info):] for n in names if n.startswith(info))})")
 top = {n.split("/")[1] for n in tarfile.open(sdist).getnames() if n.count("/") >= 1 and n.split("/")[1]}
 for needed in ("src", "tests", "docs", "pyproject.toml", "README.md", "PKG-INFO"):

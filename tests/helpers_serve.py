@@ -7,7 +7,8 @@ while a gate file exists (the engine's encoding waits). Requests are still accep
 none is decoded until the hold ends.
 
 Run as a script (`python helpers_serve.py serve ...`), this file is `nmt` with that gate in the engine: the Server
-below starts every server that way, so any of them can be held.
+below starts every server that way, so any of them can be held. With NMT_TEST_FAULT=languages in its environment,
+GET /languages raises, as a bug in the web layer would (the test of internal errors).
 """
 
 from __future__ import annotations
@@ -25,15 +26,16 @@ import time
 from pathlib import Path
 
 GATE = "NMT_TEST_GATE"
+FAULT = "NMT_TEST_FAULT"  # "languages": GET /languages raises, as a bug would
 
 
 class Server:
     """`nmt serve ARGS --port 0` in a subprocess; `url` once it listens; stderr collected in `log`."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
         self.dir = tempfile.mkdtemp(prefix="nmt-serve-test-")
         self.gate = Path(self.dir) / "hold"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", GATE: str(self.gate)}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", GATE: str(self.gate), **(env or {})}
         self.proc = subprocess.Popen([sys.executable, __file__, "serve", "--port", "0", "--threads", "1", *args],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         self.log: list[str] = []
@@ -128,6 +130,13 @@ def _gated_main() -> None:
         return encode(*args, **kwargs)
 
     engine.encode_batch = gated
+    if os.environ.get(FAULT) == "languages":  # a bug in the web layer, for the test of internal errors
+        from nmt_cli.serve import service
+
+        def broken(self):
+            raise RuntimeError("a bug in the service")
+
+        service.Service.languages = broken
     main(sys.argv[1:])
 
 

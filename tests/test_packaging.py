@@ -69,8 +69,18 @@ def test_every_imported_package_is_declared():
         pytest.skip(f"not installed here, so not checked: {', '.join(sorted(not_installed))}")
 
 
-def test_no_package_data_is_needed():
-    """Only modules ship in the wheel (pyproject declares no package-data): the package holds no other file."""
-    others = [p.relative_to(PACKAGE) for p in PACKAGE.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
-              and "__pycache__" not in p.parts]
-    assert not others, f"files besides modules in src/nmt_cli (declare them in package-data): {others}"
+def test_package_data_is_declared():
+    """The package's only files besides modules are nmt serve's web page (src/nmt_cli/serve/static), and
+    pyproject's package-data (and MANIFEST.in, for the sdist) names each of them: the wheel carries them all."""
+    import fnmatch
+
+    tomllib = pytest.importorskip("tomllib")  # python >= 3.11
+    others = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*")
+              if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts]
+    assert others and all(p.startswith("serve/static/") for p in others), others
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert set(patterns) == {"nmt_cli.serve"}
+    undeclared = [p for p in others if not any(fnmatch.fnmatch(p[len("serve/"):], g) for g in patterns["nmt_cli.serve"])]
+    assert not undeclared, f"not in pyproject's package-data: {undeclared}"
+    manifest = (ROOT / "MANIFEST.in").read_text()
+    assert all(f"*.{p.rsplit('.', 1)[1]}" in manifest for p in others), "MANIFEST.in lacks an extension"

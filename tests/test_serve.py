@@ -147,10 +147,10 @@ BAD = [
     ({"source": "en", "target": "de"}, "missing q"),
     ({"q": "a cat", "target": "de"}, "missing source"),
     ({"q": "a cat", "source": "en"}, "missing target"),
-    ({"q": "a cat", "source": "fr", "target": "de"}, "fr is not supported as a source"),
-    ({"q": "a cat", "source": "en", "target": "fr"}, "fr is not supported as a target"),
-    ({"q": "a cat", "source": "en", "target": "de", "format": "html"}, "html is not supported"),
-    ({"q": "a cat", "source": "en", "target": "de", "format": "xml"}, "format 'xml' is not supported"),
+    ({"q": "a cat", "source": "fr", "target": "de"}, "fr is not supported: this server translates en-de"),
+    ({"q": "a cat", "source": "en", "target": "fr"}, "fr is not supported: this server translates en-de"),
+    ({"q": "a cat", "source": "de", "target": "en"}, "English (en) is not available as a target language from"),
+    ({"q": "a cat", "source": "en", "target": "de", "format": "xml"}, "xml format is not supported"),
     ({"q": [], "source": "en", "target": "de"}, "empty list"),
     ({"q": 5, "source": "en", "target": "de"}, "q must be a string or a list"),
     ({"q": ["a", 1], "source": "en", "target": "de"}, "q must be a string or a list"),
@@ -388,7 +388,10 @@ def test_engine_process_that_dies_fails_its_requests_and_the_server_says_so(ckpt
             wait_for(s, lambda m: m["queued"] == 2, "the request queued")
             os.kill(engine_pid(s), signal.SIGKILL)
         t.join(60)
-        assert "the decoding engine process died" in error_of(result["r"], 500)
+        message = error_of(result["r"], 500)
+        assert message.startswith("internal error (request id ") and "the decoding engine process died" in message
+        rid = result["r"].headers["X-Request-Id"]
+        assert f"request id {rid}" in message and any(f"request id {rid}" in line for line in s.log)
         assert "the decoding engine process died" in error_of(post(s, {"q": "a cat", "source": "en",
                                                                         "target": "de"}), 503)
         assert httpx.get(s.url + "/health").status_code == 200

@@ -12,8 +12,9 @@ from nmt_cli.commands.translate import Device as DeviceChoice
 
 _SUMMARY = "Serve translation over HTTP (LibreTranslate's API)"
 _HELP = (
-    "Serve one model per language pair over HTTP: LibreTranslate's API (POST /translate, GET /languages), so its "
-    "clients work unchanged, and nmt's decoding options per request, GET /health and GET /info. Sentences of "
+    "Serve one model per language pair over HTTP: LibreTranslate's API (POST /translate, /detect, /translate_file, "
+    "/suggest, GET /languages, /spec), so its clients work unchanged, a web page at /, and nmt's decoding options "
+    "per request, GET /health and GET /info. Sentences of "
     "concurrent requests share the decoder's batches; each response returns as soon as its own sentences are done.\n\n"
     "The decoding options below are the defaults a request can change. Needs the serve extra: "
     "pip install 'nmt-cli[serve]'. SIGTERM stops gracefully: no new connections, the requests in flight finish, "
@@ -25,6 +26,7 @@ Examples:
   curl -s localhost:5000/translate -H 'Content-Type: application/json' \\
       -d '{"q": "A dog runs.", "source": "en", "target": "de"}'
   nmt serve -m en-de.pt -m de-en.pt --host 0.0.0.0 --api-keys keys.txt
+  nmt serve -m en-de.pt --suggestions fixes.jsonl  # the web page is at /
   nmt serve -m model.pt --langs en-de --precision int8 --threads 4
 """
 _SERVER = "Server"
@@ -64,6 +66,21 @@ def register(app: typer.Typer) -> None:
                                       help="Time limit of a request (503 with Retry-After past it)."),
         max_beam: int = typer.Option(16, "--max-beam", min=1, metavar="N", rich_help_panel=_SERVER,
                                      help="Largest beam (and alternatives + 1) a request may ask for."),
+        suggestions: Path = typer.Option(
+            None, "--suggestions", metavar="FILE", rich_help_panel=_SERVER,
+            help="Take POST /suggest: append each correction users send to FILE as a JSON line (q, s, source, "
+                 "target, translation, time), to fine-tune on later; without it, /suggest is a 403.",
+        ),
+        file_char_limit: int = typer.Option(
+            100000, "--file-char-limit", min=1, metavar="N", rich_help_panel=_SERVER,
+            help="Characters of text in a file for POST /translate_file (.txt, .html, .docx; 413 above).",
+        ),
+        file_ttl: float = typer.Option(600.0, "--file-ttl", min=1, metavar="SECONDS", rich_help_panel=_SERVER,
+                                       help="How long a translated file stays to be downloaded."),
+        disable_files_translation: bool = typer.Option(
+            False, "--disable-files-translation", rich_help_panel=_SERVER,
+            help="Refuse POST /translate_file (403), as LibreTranslate's option of that name.",
+        ),
         access_log: bool = typer.Option(False, "--access-log", rich_help_panel=_SERVER,
                                         help="Log every request on stderr."),
         engine_process: bool = typer.Option(
@@ -111,7 +128,12 @@ def register(app: typer.Typer) -> None:
         pairs = [_pair(p) for p in langs] if langs else [None] * len(models)
         keys = _read_keys(api_keys) if api_keys is not None else None
         limits = Limits(batch_limit=batch_limit, char_limit=char_limit, queue_size=queue_size, timeout=timeout,
-                        max_beam=max_beam)
+                        max_beam=max_beam, files=not disable_files_translation, file_char_limit=file_char_limit,
+                        file_ttl=file_ttl)
+        if suggestions is not None:
+            from nmt_cli.serve.suggestions import Suggestions
+
+            Suggestions(suggestions)  # a file that cannot be written is refused now, in one line
         core.set_threads(threads)
         sampler = cpus.start() if threads is None else None
         options = dict(beam=beam, lenpen=lenpen, lenpen_form=lenpen_form.value, stop=stop.value, max_len_a=max_len_a,
@@ -164,7 +186,7 @@ def register(app: typer.Typer) -> None:
             return engines[0] if streams == 1 else EnginePool(engines, queue_size)
 
         service = Service([Model(name, src, tgt, engine(name, src, tgt, tr)) for name, (src, tgt), tr in loaded],
-                          limits, keys, precision.value, threads)
+                          limits, keys, precision.value, threads, suggestions)
         for (src, tgt), m in sorted(service.models.items()):
             note_line(f"{src}-{tgt}: {m.name}")
         status = web.run(service, host, port, access_log)

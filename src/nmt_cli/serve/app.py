@@ -1,28 +1,39 @@
-"""The HTTP layer of `nmt serve` (Starlette): LibreTranslate's endpoints and nmt's /health and /info.
+"""The HTTP layer of `nmt serve` (Starlette): LibreTranslate's endpoints (/translate, /detect, /translate_file,
+/download_file, /suggest, /languages, /spec, /frontend/settings, /health), nmt's /info, and the web page at /.
 
 Bodies are read up to `Limits.max_body` bytes (413 past it) and parsed strictly: JSON (an object, UTF-8), a
 urlencoded form or a multipart form (LibreTranslate's clients send all three). Every error is JSON
 `{"error": "one line"}`: 400 bad request, 403 API key, 404/405 no such endpoint or method, 413 too large, 415 a
 body of another type, 503 busy (with Retry-After: the queue is full, or the request ran past the time limit),
-500 a failure of the search (the server goes on).
+500 an internal error or a failed search, with a request id that the log shows beside the traceback (the server
+goes on).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import traceback
+import uuid
 from contextlib import asynccontextmanager
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from nmt_cli.serve import files
 from nmt_cli.serve.engine import Job, QueueFull, Stopping
-from nmt_cli.serve.service import RequestError, Service
+from nmt_cli.serve.files import FileStore
+from nmt_cli.serve.page import Page
+from nmt_cli.serve.service import Plan, RequestError, Service
+from nmt_cli.serve.spec import spec
+from nmt_cli.serve.suggestions import Suggestions
 
 MAX_FIELDS = 64  # fields of a form
 
@@ -104,12 +115,45 @@ async def _form(request: Request, body: bytes, ctype: str) -> dict:
     return fields
 
 
+async def read_upload(request: Request, limit: int) -> tuple[dict, tuple[str, bytes] | None]:
+    """A multipart form with one file (POST /translate_file) -> (its fields, (file name, bytes) or None)."""
+    body = await read_body(request, limit)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "multipart/form-data":
+        raise RequestError(415 if ctype else 400, "Invalid request: send the file in a multipart/form-data body")
+    from starlette.datastructures import UploadFile
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    async def stream():
+        yield body
+        yield b""
+
+    try:
+        form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=MAX_FIELDS).parse()
+    except (MultiPartException, UnicodeDecodeError, ValueError) as exc:
+        raise RequestError(400, f"invalid multipart form: {str(exc).splitlines()[0] if str(exc) else 'malformed'}"
+                           ) from None
+    fields, upload = {}, None
+    for k, v in form.multi_items():
+        if isinstance(v, UploadFile):
+            if k == "file":
+                upload = (v.filename or "", await v.read())
+            await v.close()
+        else:
+            fields[k] = v
+    return fields, upload
+
+
 def build_app(service: Service, on_shutdown=None) -> Starlette:
     limits = service.limits
+    store = FileStore(limits.file_ttl) if limits.files else None
+    suggestions = Suggestions(service.suggestions) if service.suggestions is not None else None
+    page = Page()
 
-    async def translate(request: Request) -> JSONResponse:
-        fields = await read_fields(request, limits.max_body)
-        plan = service.plan(fields)
+    async def run(plan: Plan) -> Job | None:
+        """Translate a plan's lines on its model's engine -> the finished job (None when there is no line)."""
+        if not plan.lines:
+            return None
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
 
@@ -129,8 +173,75 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
             raise RequestError(503, f"the translation took longer than this server's limit of {limits.timeout:g} s",
                                {"Retry-After": "5"}) from None
         if job.error is not None:
-            return error(500, f"the translation failed: {job.error}")
-        return JSONResponse(service.answer(plan, job))
+            raise SearchFailed(job.error)
+        return job
+
+    async def translate(request: Request) -> JSONResponse:
+        fields = await read_fields(request, limits.max_body)
+        plan = service.plan(fields)
+        return JSONResponse(service.answer(plan, await run(plan)))
+
+    async def detect(request: Request) -> JSONResponse:
+        fields = await read_fields(request, limits.max_body)
+        return JSONResponse(await run_in_threadpool(service.detect, fields))
+
+    async def translate_file(request: Request) -> JSONResponse:
+        if store is None:
+            raise RequestError(403, "Files translation are disabled on this server.")
+        fields, upload = await read_upload(request, limits.file_bytes + 65536)
+        service.check_key(fields)
+        if upload is None:
+            raise RequestError(400, "Invalid request: missing file parameter")
+        name, data = upload
+        source, target = service_code(fields, "source"), service_code(fields, "target")
+        ext = files.extension(name)
+        if ext not in files.FORMATS:
+            raise RequestError(400, f"Invalid request: file format not supported: {ext or 'no extension'} "
+                                    f"(this server translates {', '.join(files.FORMATS)})")
+        if not data:
+            raise RequestError(400, "Invalid request: empty file")
+        if len(data) > limits.file_bytes:
+            raise RequestError(413, f"the file has {len(data)} bytes; this server takes at most {limits.file_bytes}")
+        try:
+            doc = await run_in_threadpool(files.read, ext, data)
+        except files.FileError as exc:
+            raise RequestError(400, f"Invalid request: {exc}") from None
+        chars = sum(len(t) for t in doc.texts)
+        if chars > limits.file_char_limit:
+            raise RequestError(413, f"the file has {chars} characters of text; this server takes at most "
+                                    f"{limits.file_char_limit} a file")
+        model, _ = service.model(source, target, doc.texts)
+        cfg = service.default_config(model)
+        out = []
+        for chunk in _chunks(doc.texts, limits.batch_limit, limits.char_limit):
+            plan = service.plan_texts(model, chunk, cfg)
+            out += service.answer(plan, await run(plan))["translatedText"]
+        data = await run_in_threadpool(doc.build, out)
+        name = await run_in_threadpool(store.add, data, name, model.target)
+        return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", filename=name))})
+
+    async def download_file(request: Request) -> Response:
+        found = store.get(request.path_params["filename"]) if store is not None else None
+        if found is None:
+            raise RequestError(404, "no such file: translated files are kept "
+                                    f"{limits.file_ttl:g} s" if store is not None else
+                               "Files translation are disabled on this server.")
+        path, download = found
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:  # removed meanwhile
+            raise RequestError(404, "no such file") from None
+        ext = files.extension(download)
+        return Response(data, media_type=files.MEDIA_TYPES.get(ext, "application/octet-stream"),
+                        headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(download)}"})
+
+    async def suggest(request: Request) -> JSONResponse:
+        fields = await read_fields(request, limits.max_body)
+        if suggestions is None:
+            raise RequestError(403, "Suggestions are disabled on this server.")
+        record = service.suggestion(fields)
+        await run_in_threadpool(lambda: suggestions.add(**record))
+        return JSONResponse({"success": True})
 
     async def languages(request: Request) -> JSONResponse:
         return JSONResponse(service.languages())
@@ -143,45 +254,153 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         # stopped or starved), which must not hold up the other requests
         return JSONResponse(await run_in_threadpool(service.info))
 
+    async def openapi(request: Request) -> JSONResponse:
+        from nmt_cli import __version__
+
+        return JSONResponse(spec(limits, __version__))
+
     async def settings(request: Request) -> JSONResponse:
-        """LibreTranslate's /frontend/settings, which some clients read for the limits."""
-        langs = service.languages()
-        first = langs[0] if langs else {"code": "auto", "name": "Auto Detect"}
-        target = next((lang for lang in langs if lang["code"] in first.get("targets", [])), first)
-        return JSONResponse({
-            "charLimit": limits.char_limit, "batchLimit": limits.batch_limit, "frontendTimeout": 500,
-            "apiKeys": service.api_keys is not None, "keyRequired": service.api_keys is not None,
-            "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
-            "language": {"source": {"code": first["code"], "name": first["name"]},
-                         "target": {"code": target["code"], "name": target["name"]}},
-        })
+        """LibreTranslate's /frontend/settings: every key its web page reads, and nmt's own for nmt's page."""
+        return JSONResponse(frontend_settings(service, store is not None, suggestions is not None))
+
+    async def index(request: Request) -> Response:
+        return asset_response("index.html")
+
+    async def asset(request: Request) -> Response:
+        return asset_response(request.path_params["name"])
+
+    def asset_response(name: str) -> Response:
+        content, media_type, headers = page.asset(name)
+        return Response(content, media_type=media_type, headers=headers)
 
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
         return error(exc.status, exc.message, exc.headers)
 
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        message = {404: f"no endpoint {request.url.path[:80]}; see GET /info",
+        message = {404: f"no endpoint {request.url.path[:80]}; see GET /spec",
                    405: f"method {request.method} is not allowed on {request.url.path[:80]}"}.get(
             exc.status_code, str(exc.detail))
         return error(exc.status_code, message, getattr(exc, "headers", None))
 
-    async def server_error(request: Request, exc: Exception) -> JSONResponse:
-        return error(500, f"internal error: {type(exc).__name__}")
-
     @asynccontextmanager
     async def lifespan(app):
+        sweeper = asyncio.create_task(_sweep(store)) if store is not None else None
         yield
+        if sweeper is not None:
+            sweeper.cancel()
+            store.close()
         if on_shutdown is not None:
             await asyncio.get_running_loop().run_in_executor(None, on_shutdown)
 
     return Starlette(
         routes=[
+            Route("/", index, methods=["GET"]),
+            Route("/static/{name}", asset, methods=["GET"]),
             Route("/translate", translate, methods=["POST"]),
+            Route("/detect", detect, methods=["POST"]),
+            Route("/translate_file", translate_file, methods=["POST"]),
+            Route("/download_file/{filename}", download_file, methods=["GET"], name="download_file"),
+            Route("/suggest", suggest, methods=["POST"]),
             Route("/languages", languages, methods=["GET", "POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/info", info, methods=["GET"]),
+            Route("/spec", openapi, methods=["GET"]),
             Route("/frontend/settings", settings, methods=["GET"]),
         ],
-        exception_handlers={RequestError: request_error, HTTPException: http_error, Exception: server_error},
+        middleware=[Middleware(InternalErrors)],
+        exception_handlers={RequestError: request_error, HTTPException: http_error},
         lifespan=lifespan,
     )
+
+
+class SearchFailed(Exception):
+    """The engine failed a request's search (its traceback is in the log, from the engine)."""
+
+
+class InternalErrors:
+    """Any exception a request raises past the handlers: a 500 `{"error": "internal error (request id ID): ..."}`
+    with the header X-Request-Id, and the traceback on stderr under the same id. The server goes on."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def watch(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:
+            rid = uuid.uuid4().hex[:16]
+            what = f"{scope.get('method')} {scope.get('path', '')[:200]}"
+            if isinstance(exc, SearchFailed):
+                reason = f"the translation failed: {exc}"
+                print(f"nmt serve: internal error, request id {rid}: {what}: {reason}", file=sys.stderr, flush=True)
+            else:
+                reason = type(exc).__name__
+                print(f"nmt serve: internal error, request id {rid}: {what}\n{traceback.format_exc()}",
+                      file=sys.stderr, end="", flush=True)
+            if not started:
+                response = error(500, f"internal error (request id {rid}): {reason}", {"X-Request-Id": rid})
+                await response(scope, receive, send)
+
+
+def service_code(fields: dict, name: str) -> str:
+    value = fields.get(name)
+    if not isinstance(value, str) or not value:
+        raise RequestError(400, f"Invalid request: missing {name} parameter")
+    return value
+
+
+def frontend_settings(service: Service, files_on: bool, suggestions_on: bool) -> dict:
+    """LibreTranslate's /frontend/settings (the keys its page reads: charLimit, frontendTimeout, apiKeys,
+    keyRequired, suggestions, filesTranslation, supportedFilesFormat, language.source/target) and nmt's (batchLimit,
+    alternativesLimit, fileCharLimit, autoDetect)."""
+    langs = service.languages()
+    sources = service.sources()
+    auto = len(sources) > 1
+    source_code = "auto" if auto else sources[0]
+    first = next(lang for lang in langs if lang["code"] == sources[0])
+    target_code = first["targets"][0]
+    names = {lang["code"]: lang["name"] for lang in langs}
+    limits = service.limits
+    return {
+        "charLimit": limits.char_limit, "frontendTimeout": 500,
+        "apiKeys": service.api_keys is not None, "keyRequired": service.api_keys is not None,
+        "suggestions": suggestions_on, "filesTranslation": files_on,
+        "supportedFilesFormat": list(files.FORMATS) if files_on else [],
+        "language": {"source": {"code": source_code, "name": "Auto Detect" if auto else names[source_code]},
+                     "target": {"code": target_code, "name": names[target_code]}},
+        "batchLimit": limits.batch_limit, "alternativesLimit": limits.max_beam - 1,
+        "fileCharLimit": limits.file_char_limit, "autoDetect": auto,
+    }
+
+
+def _chunks(texts: list[str], max_lines: int, max_chars: int):
+    """Texts in groups that each fit one request's limits (a text over them alone is a 413)."""
+    chunk, lines, chars = [], 0, 0
+    for t in texts:
+        n = t.count("\n") + t.count("\r") - t.count("\r\n") + 1
+        if n > max_lines or len(t) > max_chars:
+            raise RequestError(413, f"a paragraph of the file has {len(t)} characters and {n} lines; this server "
+                                    f"takes at most {max_chars} characters and {max_lines} lines at a time")
+        if chunk and (lines + n > max_lines or chars + len(t) > max_chars):
+            yield chunk
+            chunk, lines, chars = [], 0, 0
+        chunk.append(t)
+        lines, chars = lines + n, chars + len(t)
+    if chunk:
+        yield chunk
+
+
+async def _sweep(store: FileStore) -> None:
+    """Remove expired translated files even when no request comes."""
+    while True:
+        await asyncio.sleep(min(store.ttl / 2, 30))
+        await run_in_threadpool(store.sweep)

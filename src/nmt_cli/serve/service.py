@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
 from nmt_cli.inference.translate import Translator
+from nmt_cli.serve import html
+from nmt_cli.serve.detect import DetectError, Detector
 from nmt_cli.serve.engine import Engine, Job
+from nmt_cli.serve.html import Document
 
 # ISO 639-1 names for /languages (LibreTranslate lists a name with each code); other codes are named by their code.
 LANGUAGE_NAMES = {
@@ -50,6 +54,10 @@ class Limits:
     queue_size: int = 1024  # sentences waiting or being translated, per model
     timeout: float = 60.0  # seconds a request may take
     max_beam: int = 16  # beam and alternatives + 1 a request may ask for
+    files: bool = True  # POST /translate_file is served
+    file_char_limit: int = 100_000  # characters of text in a file to translate
+    file_bytes: int = 10 << 20  # bytes of a file to translate
+    file_ttl: float = 600.0  # seconds a translated file stays to be downloaded
 
     @property
     def max_body(self) -> int:
@@ -75,22 +83,25 @@ class Plan:
     """A checked /translate request: the lines to translate and how to answer."""
 
     model: Model
-    lines: list[str]  # every line of every q item
-    pieces: list[list[str]]  # per q item: its lines and line breaks, alternating (text at even indices)
+    lines: list[str]  # every line of every text
+    pieces: list[list[str]]  # per text: its lines and line breaks, alternating (text at even indices)
     cfg: SearchConfig
     batch: bool  # q was a list
     alternatives: int
     scores: bool
-    detected: str | None  # source "auto": the language assumed
-    spans: list[tuple[int, int]] = field(default_factory=list)  # per q item: its lines' range in `lines`
+    detected: dict | None  # source "auto": LibreTranslate's detectedLanguage
+    spans: list[tuple[int, int]] = field(default_factory=list)  # per text: its lines' range in `lines`
+    docs: list[Document] | None = None  # format html: per q item its document, whose texts are the texts above
 
 
 class Service:
     def __init__(self, models: list[Model], limits: Limits, api_keys: set[str] | None = None,
-                 precision: str = "fp32", threads: int | None = None):
+                 precision: str = "fp32", threads: int | None = None, suggestions: Path | None = None):
         self.models = {(m.source, m.target): m for m in models}
         self.limits, self.api_keys = limits, api_keys
         self.precision, self.threads = precision, threads
+        self.suggestions = suggestions  # --suggestions FILE: where POST /suggest appends
+        self.detector = Detector()
 
     # ------------------------------------------------------------------ languages
 
@@ -103,6 +114,46 @@ class Service:
     def sources(self) -> list[str]:
         return sorted({s for s, _ in self.models})
 
+    def pairs(self) -> str:
+        return ", ".join(f"{s}-{t}" for s, t in sorted(self.models))
+
+    def model(self, source: str, target: str, texts: list[str]) -> tuple[Model, dict | None]:
+        """The model of a request's pair -> (model, LibreTranslate's detectedLanguage for source auto)."""
+        codes = {c for pair in self.models for c in pair}
+        for code in (source, target):
+            if code not in codes and not (code == source == "auto"):
+                raise RequestError(400, f"{code[:40]} is not supported: this server translates {self.pairs()}")
+        detected = None
+        if source == "auto":
+            candidates = sorted(s for s, t in self.models if t == target)
+            if not candidates:
+                raise RequestError(400, f"{_name(target)} is not available as a target language: this server "
+                                        f"translates {self.pairs()}")
+            detected = self._rank("\n".join(texts), candidates)[0]
+            source = detected["language"]
+        model = self.models.get((source, target))
+        if model is None:
+            raise RequestError(400, f"{_name(target)} is not available as a target language from {_name(source)}: "
+                                    f"this server translates {self.pairs()}")
+        return model, detected
+
+    def _rank(self, text: str, candidates: list[str]) -> list[dict]:
+        try:
+            return self.detector.rank(text, candidates)
+        except DetectError as exc:
+            raise RequestError(400, f"cannot detect the language: {exc}; give source") from None
+
+    def detect(self, fields: dict) -> list[dict]:
+        """LibreTranslate's /detect: the server's source languages most likely to be q's, best first."""
+        self.check_key(fields)
+        items, _ = _q_items(fields.get("q"))
+        text = "\n".join(items)
+        if len(text) > self.limits.char_limit:
+            raise RequestError(413, f"q has {len(text)} characters; this server takes at most "
+                                    f"{self.limits.char_limit} per request")
+        _check_text(text)
+        return self._rank(text, self.sources())
+
     # ------------------------------------------------------------------ /translate
 
     def check_key(self, fields: dict) -> None:
@@ -110,60 +161,37 @@ class Service:
             return
         key = fields.get("api_key")
         if not isinstance(key, str) or key not in self.api_keys:
-            raise RequestError(403, "invalid or missing API key; pass api_key" if key is None else
-                               "invalid API key")
+            raise RequestError(403, "Invalid API key: pass api_key" if key is None else "Invalid API key")
 
     def plan(self, fields: dict) -> Plan:
         """Check a /translate request's fields (from JSON or a form) -> Plan; RequestError on any problem."""
         self.check_key(fields)
-        q = fields.get("q")
-        if q is None or q == "" or q == []:
-            raise RequestError(400, "invalid request: missing q parameter" if q != [] else
-                               "invalid request: q is an empty list")
-        if isinstance(q, str):
-            items, batch = [q], False
-        elif isinstance(q, list):
-            if not all(isinstance(x, str) for x in q):
-                raise RequestError(400, "invalid request: q must be a string or a list of strings")
-            items, batch = q, True
-        else:
-            raise RequestError(400, "invalid request: q must be a string or a list of strings")
-        source, target = fields.get("source"), fields.get("target")
-        for name, value in (("source", source), ("target", target)):
-            if value is None or value == "":
-                raise RequestError(400, f"invalid request: missing {name} parameter")
-            if not isinstance(value, str):
-                raise RequestError(400, f"invalid request: {name} must be a language code (a string)")
-        fmt = fields.get("format", "text")
-        if fmt != "text":
-            raise RequestError(400, f"format {str(fmt)[:40]!r} is not supported; send text (html is not "
-                                    "supported: strip the tags first)")
-        detected = None
-        if source == "auto":
-            sources = self.sources()
-            if len(sources) != 1:
-                raise RequestError(400, f"source auto needs the server's models to have one source language; "
-                                        f"they have {', '.join(sources)}: give source")
-            source = detected = sources[0]
-        model = self.models.get((source, target))
-        if model is None:
-            known = ", ".join(f"{s}-{t}" for s, t in sorted(self.models))
-            if source not in {s for s, _ in self.models}:
-                raise RequestError(400, f"{source[:40]} is not supported as a source language (this server "
-                                        f"translates {known})")
-            raise RequestError(400, f"{target[:40]} is not supported as a target language from {source} (this "
-                                    f"server translates {known})")
+        items, batch = _q_items(fields.get("q"))
+        source, target = _code(fields, "source"), _code(fields, "target")
+        fmt = fields.get("format") or "text"
+        if fmt not in ("text", "html"):
+            raise RequestError(400, f"{str(fmt)[:40]} format is not supported: send text or html")
         alternatives = _integer(fields.get("alternatives", 0), "alternatives", 0, self.limits.max_beam - 1)
         scores = _boolean(fields.get("scores", False), "scores")
-        cfg = self._search_config(model, fields, alternatives)
-
         chars = sum(len(x) for x in items)
         if chars > self.limits.char_limit:
             raise RequestError(413, f"q has {chars} characters; this server takes at most "
                                     f"{self.limits.char_limit} per request")
         for x in items:
             _check_text(x)
-        pieces = [_LINE_BREAK.split(x) for x in items]
+        docs = [html.parse(x) for x in items] if fmt == "html" else None
+        texts = [t for d in docs for t in d.texts] if docs is not None else items
+        model, detected = self.model(source, target, texts)
+        cfg = self._search_config(model, fields, alternatives)
+        return self.plan_texts(model, texts, cfg, batch=batch, alternatives=alternatives, scores=scores,
+                               detected=detected, docs=docs)
+
+    def plan_texts(self, model: Model, texts: list[str], cfg: SearchConfig, batch: bool = True,
+                   alternatives: int = 0, scores: bool = False, detected: dict | None = None,
+                   docs: list[Document] | None = None) -> Plan:
+        """A plan for texts already checked: each split into lines, the line breaks kept (413 past the batch
+        limit)."""
+        pieces = [_LINE_BREAK.split(x) for x in texts]
         lines, spans = [], []
         for p in pieces:
             start = len(lines)
@@ -172,7 +200,34 @@ class Service:
         if len(lines) > self.limits.batch_limit:
             raise RequestError(413, f"q has {len(lines)} lines; this server takes at most "
                                     f"{self.limits.batch_limit} per request")
-        return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, spans)
+        return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, spans, docs)
+
+    def default_config(self, model: Model) -> SearchConfig:
+        return self._search_config(model, {}, 0)
+
+    # ------------------------------------------------------------------ /suggest
+
+    def suggestion(self, fields: dict) -> dict:
+        """A checked /suggest request -> the fields of its record (nmt_cli/serve/suggestions.py)."""
+        self.check_key(fields)
+        texts = {}
+        for name in ("q", "s", "translation"):
+            value = fields.get(name)
+            if name != "translation" and (value is None or value == ""):
+                raise RequestError(400, f"Invalid request: missing {name} parameter")
+            if value is not None and not isinstance(value, str):
+                raise RequestError(400, f"Invalid request: {name} must be a string")
+            if value is not None:
+                if len(value) > self.limits.char_limit:
+                    raise RequestError(413, f"{name} has {len(value)} characters; this server takes at most "
+                                            f"{self.limits.char_limit} per request")
+                _check_text(value)
+            texts[name] = value
+        source, target = _code(fields, "source"), _code(fields, "target")
+        if source == "auto":
+            raise RequestError(400, "Invalid request: a suggestion needs its source language, not auto")
+        self.model(source, target, [])
+        return {**texts, "source": source, "target": target}
 
     def _search_config(self, model: Model, fields: dict, alternatives: int) -> SearchConfig:
         default = model.engine.default
@@ -187,7 +242,7 @@ class Service:
                 elif kind is bool:
                     value = _boolean(value, name)
                 elif not isinstance(value, str):
-                    raise RequestError(400, f"invalid request: {name} must be a string")
+                    raise RequestError(400, f"Invalid request: {name} must be a string")
                 options[attr] = value
         sampling = options.get("sampling", default.sampling)
         nbest = alternatives + 1
@@ -209,18 +264,20 @@ class Service:
         except ConfigError as exc:
             raise RequestError(400, str(exc).splitlines()[0]) from None
 
-    def answer(self, plan: Plan, job: Job) -> dict:
+    def answer(self, plan: Plan, job: Job | None) -> dict:
         """LibreTranslate's response: translatedText (a string or a list, as q), alternatives when asked,
-        detectedLanguage for source auto; nmt's `scores` when asked."""
+        detectedLanguage for source auto; nmt's `scores` when asked. `job` is None when there was no line to
+        translate (an HTML document without text)."""
         tok = plan.model.translator.tokenizer
-        hyps = job.results
+        hyps = job.results if job is not None else []
         flat = [h for hs in hyps for h in hs]
-        texts = iter(tok.decode([h.tokens for h in flat]))
+        texts = iter(tok.decode([h.tokens for h in flat])) if flat else iter(())
         per_line = [[(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
-        translated, alternatives, scores = [], [], []
+        ranks = 1 + plan.alternatives
+        # per text, per rank: (translation, score)
+        joined = []
         for pieces, (start, end) in zip(plan.pieces, plan.spans, strict=True):
             lines = per_line[start:end]
-            ranks = 1 + plan.alternatives
 
             def join(rank: int, lines=lines, pieces=pieces) -> tuple[str, float]:
                 out, total = [], 0.0
@@ -234,16 +291,23 @@ class Service:
                         total += score
                 return "".join(out), total
 
-            joined = [join(r) for r in range(ranks)]
-            translated.append(joined[0][0])
-            alternatives.append([text for text, _ in joined[1:]])
-            scores.append([round(s, 4) for _, s in joined])
+            joined.append([join(r) for r in range(ranks)])
+        if plan.docs is not None:  # each q item: its document with its texts translated
+            items, first = [], 0
+            for doc in plan.docs:
+                own = joined[first:first + len(doc.texts)]
+                first += len(doc.texts)
+                items.append([(doc.render([t[r][0] for t in own]), sum(t[r][1] for t in own)) for r in range(ranks)])
+            joined = items
+        translated = [j[0][0] for j in joined]
+        alternatives = [[text for text, _ in j[1:]] for j in joined]
+        scores = [[round(s, 4) for _, s in j] for j in joined]
         if plan.batch:
             body: dict = {"translatedText": translated}
             if plan.alternatives:
                 body["alternatives"] = alternatives
             if plan.detected:
-                body["detectedLanguage"] = [{"confidence": 100.0, "language": plan.detected}] * len(translated)
+                body["detectedLanguage"] = [plan.detected] * len(translated)
             if plan.scores:
                 body["scores"] = scores
         else:
@@ -251,7 +315,7 @@ class Service:
             if plan.alternatives:
                 body["alternatives"] = alternatives[0]
             if plan.detected:
-                body["detectedLanguage"] = {"confidence": 100.0, "language": plan.detected}
+                body["detectedLanguage"] = plan.detected
             if plan.scores:
                 body["scores"] = scores[0]
         return body
@@ -274,8 +338,38 @@ class Service:
         return {"version": __version__, "models": models, "languages": self.languages(), "threads": self.threads,
                 "limits": {"batch_limit": lim.batch_limit, "char_limit": lim.char_limit,
                            "queue_size": lim.queue_size, "timeout": lim.timeout, "max_beam": lim.max_beam,
-                           "max_alternatives": lim.max_beam - 1, "max_body_bytes": lim.max_body},
+                           "max_alternatives": lim.max_beam - 1, "max_body_bytes": lim.max_body,
+                           "files": lim.files, "file_char_limit": lim.file_char_limit,
+                           "file_bytes": lim.file_bytes, "file_ttl": lim.file_ttl},
+                "suggestions": self.suggestions is not None,
                 "api_key_required": self.api_keys is not None}
+
+
+def _q_items(q) -> tuple[list[str], bool]:
+    """q -> (its items, whether it was a list)."""
+    if q is None or q == "":
+        raise RequestError(400, "Invalid request: missing q parameter")
+    if q == []:
+        raise RequestError(400, "Invalid request: q is an empty list")
+    if isinstance(q, str):
+        return [q], False
+    if isinstance(q, list) and all(isinstance(x, str) for x in q):
+        return q, True
+    raise RequestError(400, "Invalid request: q must be a string or a list of strings")
+
+
+def _code(fields: dict, name: str) -> str:
+    value = fields.get(name)
+    if value is None or value == "":
+        raise RequestError(400, f"Invalid request: missing {name} parameter")
+    if not isinstance(value, str):
+        raise RequestError(400, f"Invalid request: {name} must be a language code (a string)")
+    return value
+
+
+def _name(code: str) -> str:
+    """LibreTranslate's way of naming a language in its messages: "German (de)"."""
+    return f"{LANGUAGE_NAMES.get(code, code[:40])} ({code[:40]})"
 
 
 def _integer(value, name: str, low: int, high: int | None) -> int:
@@ -285,10 +379,10 @@ def _integer(value, name: str, low: int, high: int | None) -> int:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 1e9:
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(400, f"invalid request: {name} must be an integer")
+        raise RequestError(400, f"Invalid request: {name} must be an integer")
     if value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise RequestError(400, f"invalid request: {name} must be {bound}, got {value}")
+        raise RequestError(400, f"Invalid request: {name} must be {bound}, got {value}")
     return value
 
 
@@ -297,9 +391,9 @@ def _number(value, name: str) -> float:
         try:
             value = float(value)
         except ValueError:
-            raise RequestError(400, f"invalid request: {name} must be a number") from None
+            raise RequestError(400, f"Invalid request: {name} must be a number") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RequestError(400, f"invalid request: {name} must be a number")
+        raise RequestError(400, f"Invalid request: {name} must be a number")
     return float(value)
 
 
@@ -308,7 +402,7 @@ def _boolean(value, name: str) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "1", "false", "0"):
         return value.lower() in ("true", "1")
-    raise RequestError(400, f"invalid request: {name} must be true or false")
+    raise RequestError(400, f"Invalid request: {name} must be true or false")
 
 
 def _check_text(text: str) -> None:
@@ -316,7 +410,7 @@ def _check_text(text: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise RequestError(400, f"invalid request: q holds invalid Unicode ({exc.reason})") from None
+        raise RequestError(400, f"Invalid request: q holds invalid Unicode ({exc.reason})") from None
 
 
 def _one_line(text: str) -> str:
