@@ -1,7 +1,7 @@
 """The one decoding engine (docs/design.md, "Decoding"): every search runs one incremental step of the model
 (`model.step(last tokens, cache) -> logits`) over one cache type, in one loop.
 
-  config.py       SearchConfig, Hypothesis, the length penalty, maximum output lengths
+  config.py       SearchConfig, Hypothesis, the length penalty, maximum output lengths, Sources (a batch)
   constraints.py  a step's constraints on the log-probabilities (tensor operations only)
   cache.py        the Cache interface and DecoderCache (preallocated, written by index; exact or static layout)
   state.py        the search state: rows, scores, finished hypotheses, all on the device

@@ -1,4 +1,4 @@
-"""Search settings, the finished hypothesis, the length penalty and maximum output lengths.
+"""Search settings, the finished hypothesis, the length penalty, maximum output lengths and a batch of sources.
 
 Scores: `score = sum(log p) / lp(len)`, where `len` counts the generated tokens including EOS (not BOS) and `lp` is
 the GNMT form `((5 + len) / 6) ** alpha` or the fairseq form `len ** alpha`.
