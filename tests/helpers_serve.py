@@ -142,3 +142,12 @@ def _gated_main() -> None:
 
 if __name__ == "__main__":
     _gated_main()
+
+
+def error_of(r, status: int) -> str:
+    """The error text of response `r`, which must have status `status` and be one JSON line {"error": text}."""
+    assert r.status_code == status, (r.status_code, r.text)
+    body = r.json()
+    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"]
+    assert "\n" not in body["error"] and "\n" not in r.text.strip()  # one JSON line
+    return body["error"]

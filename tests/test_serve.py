@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx", reason="the test-serve extra is not install
 libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test-serve extra is not installed")
 
 from conftest import toy_pairs  # noqa: E402
-from helpers_serve import Server, engine_pid, engine_pids, held, wait_for  # noqa: E402
+from helpers_serve import Server, engine_pid, engine_pids, error_of, held, wait_for  # noqa: E402
 from helpers_translate import make_checkpoint  # noqa: E402
 from nmt_cli.checkpoints import format as checkpoint  # noqa: E402
 from nmt_cli.inference.translate import Translator  # noqa: E402
@@ -71,14 +71,6 @@ def reference(ckpt):
 def post(server, body=None, **kwargs):
     return httpx.post(server.url + "/translate", json=body, timeout=60, **kwargs) if body is not None else \
         httpx.post(server.url + "/translate", timeout=60, **kwargs)
-
-
-def error_of(r, status):
-    assert r.status_code == status, (r.status_code, r.text)
-    body = r.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str)
-    assert body["error"] and "\n" not in body["error"]
-    return body["error"]
 
 
 # ---------------------------------------------------------------------------------------------------- the API

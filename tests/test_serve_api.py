@@ -19,7 +19,7 @@ libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test-serv
 docx = pytest.importorskip("docx", reason="the serve extra is not installed (python-docx)")
 
 from conftest import toy_pairs  # noqa: E402
-from helpers_serve import FAULT, Server  # noqa: E402
+from helpers_serve import FAULT, Server, error_of  # noqa: E402
 from helpers_translate import make_checkpoint  # noqa: E402
 from nmt_cli.inference.translate import Translator  # noqa: E402
 from nmt_cli.serve.service import SEARCH_FIELDS  # noqa: E402
@@ -59,14 +59,6 @@ def reference(ckpt):
     translator = Translator.load(ckpt, device="cpu")
     yield lambda lines: [h[0].text for h in translator.translate(lines)]
     torch.set_num_threads(threads)
-
-
-def error_of(r, status):
-    assert r.status_code == status, (r.status_code, r.text)
-    body = r.json()
-    assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"]
-    assert "\n" not in body["error"] and "\n" not in r.text.strip()  # one JSON line
-    return body["error"]
 
 
 # ------------------------------------------------------------------------------- LibreTranslate's pinned answers

@@ -83,17 +83,7 @@ async def read_fields(request: Request, limit: int) -> dict:
 async def _form(request: Request, body: bytes, ctype: str) -> dict:
     pairs: list[tuple[str, str]] = []
     if ctype == "multipart/form-data":
-        from starlette.formparsers import MultiPartException, MultiPartParser
-
-        async def stream():
-            yield body
-            yield b""
-
-        try:
-            form = await MultiPartParser(request.headers, stream(), max_files=0, max_fields=MAX_FIELDS).parse()
-        except (MultiPartException, UnicodeDecodeError, ValueError) as exc:
-            raise RequestError(400, f"invalid multipart form: {str(exc).splitlines()[0] if str(exc) else 'malformed'}"
-                               ) from None
+        form = await _multipart(request, body, max_files=0)
         for k, v in form.multi_items():
             if not isinstance(v, str):
                 raise RequestError(400, "invalid request: files are not supported; send q as a field")
@@ -115,13 +105,8 @@ async def _form(request: Request, body: bytes, ctype: str) -> dict:
     return fields
 
 
-async def read_upload(request: Request, limit: int) -> tuple[dict, tuple[str, bytes] | None]:
-    """A multipart form with one file (POST /translate_file) -> (its fields, (file name, bytes) or None)."""
-    body = await read_body(request, limit)
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype != "multipart/form-data":
-        raise RequestError(415 if ctype else 400, "Invalid request: send the file in a multipart/form-data body")
-    from starlette.datastructures import UploadFile
+async def _multipart(request: Request, body: bytes, max_files: int):
+    """`body` parsed as a multipart form (starlette's parser, at most `max_files` files), or a 400 saying why not."""
     from starlette.formparsers import MultiPartException, MultiPartParser
 
     async def stream():
@@ -129,10 +114,21 @@ async def read_upload(request: Request, limit: int) -> tuple[dict, tuple[str, by
         yield b""
 
     try:
-        form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=MAX_FIELDS).parse()
+        return await MultiPartParser(request.headers, stream(), max_files=max_files, max_fields=MAX_FIELDS).parse()
     except (MultiPartException, UnicodeDecodeError, ValueError) as exc:
         raise RequestError(400, f"invalid multipart form: {str(exc).splitlines()[0] if str(exc) else 'malformed'}"
                            ) from None
+
+
+async def read_upload(request: Request, limit: int) -> tuple[dict, tuple[str, bytes] | None]:
+    """A multipart form with one file (POST /translate_file) -> (its fields, (file name, bytes) or None)."""
+    body = await read_body(request, limit)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "multipart/form-data":
+        raise RequestError(415 if ctype else 400, "Invalid request: send the file in a multipart/form-data body")
+    from starlette.datastructures import UploadFile
+
+    form = await _multipart(request, body, max_files=1)
     fields, upload = {}, None
     for k, v in form.multi_items():
         if isinstance(v, UploadFile):
