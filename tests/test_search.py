@@ -789,3 +789,24 @@ def test_no_step_reads_the_device_between_host_checks(options, ensemble, monkeyp
             decode_batches(model, [batch], cfg, [[[5, 6]] + [[]] * 7], check_every=10**6, static=static)
         seen.append(dict(counts))
     assert seen[0] == seen[1] and seen[0]["reads"] > 0
+
+
+def test_the_cache_protocol_names_every_method_the_loop_calls():
+    """decoding/cache.py's Cache protocol is the whole of what the loop and the graphed step ask of a cache; the
+    ensemble's cache implements all of it."""
+    import ast
+    import inspect
+
+    from nmt_cli.decoding import cache as cache_module
+    from nmt_cli.decoding import graphs, scheduler
+    from nmt_cli.inference.ensemble import EnsembleCache
+
+    protocol = {name for name, _ in inspect.getmembers(cache_module.Cache, inspect.isfunction)}
+    called = set()
+    for module in (scheduler, graphs):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                    isinstance(node.func.value, ast.Name) and node.func.value.id == "cache":
+                called.add(node.func.attr)
+    assert called and called <= protocol, called - protocol
+    assert protocol <= set(dir(EnsembleCache)) and protocol <= set(dir(cache_module.DecoderCache))

@@ -87,6 +87,14 @@ class Cache(Protocol):
         """The sentences `keep` (ascending) in the order they take when the others leave (a permutation of it: the
         one that moves the least; `reorder`'s `keep` is then in this order)."""
 
+    def make_room(self, max_positions: int) -> None:
+        """Room for one more position in every segment (a larger bucket when one is full: new buffers); a
+        ValueError past `max_positions`. The model's step calls it first (and the graphed step's caller, outside
+        the recording)."""
+
+    def advance(self, host: bool = True, device: bool = True) -> None:
+        """One more position decoded: the host's count and/or the device's (a graph replays only the device's)."""
+
 
 class Segment:
     """One batch's rows in the cache (see the module docstring). cross [L, 2, N, H, S, K], src_pad [N, S] or None."""

@@ -37,6 +37,14 @@ class EnsembleCache:
     def merges_on_join(self, beams: int) -> bool:
         return all(c.merges_on_join(beams) for c in self.caches)  # the members' caches have the same shapes
 
+    def make_room(self, max_positions: int) -> None:
+        for c in self.caches:
+            c.make_room(max_positions)
+
+    def advance(self, host: bool = True, device: bool = True) -> None:
+        for c in self.caches:
+            c.advance(host, device)
+
 
 class Ensemble:
     def __init__(self, models: list):
