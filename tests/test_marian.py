@@ -109,6 +109,20 @@ def test_translations_equal_transformers_generate(folder, hf, beam):
     assert len(set(mine)) > 20  # real translations of different lines, not one string
 
 
+def test_source_only_pieces_are_written_as_marian_tokenizer_writes_them(tmp_path):
+    """An untrained model emits pieces of the shared vocabulary that only the source sentencepiece model knows
+    ("▁dog"): written as MarianTokenizer writes them, "▁" read as a space (before, 100 of 100 lines held "▁"). Both
+    stop at 59 tokens and EOS."""
+    untrained = make_marian(tmp_path / "untrained", steps=0, seed=3)
+    hf = (transformers.MarianTokenizer.from_pretrained(str(untrained)),
+          transformers.MarianMTModel.from_pretrained(str(untrained)).eval())
+    lines = LINES[:100]
+    theirs = _generate(*hf, lines, 1)
+    mine = Translator.load(untrained, device="cpu", beam=1, max_len_a=0, max_len_b=60).translate_best(lines)
+    assert not any("\u2581" in line for line in mine)
+    assert mine == theirs
+
+
 def test_hub_reference_converts_once_offline_through_the_real_client(folder, tmp_path):
     cache = tmp_path / "hub"
     write_model_repo(cache, REPO, COMMIT, folder_files(folder))

@@ -116,7 +116,10 @@ class Tokenizer:
             if len(seqs) < FEW_LINES:
                 return [self.sp.decode(seq) for seq in seqs]
             return self.sp.decode(seqs)
-        return [self.target_sp.decode_pieces([self.vocab[i] for i in seq if i not in specials]) for seq in ids]
+        # as MarianTokenizer: a piece the target model does not know (a source-only piece of a shared vocabulary)
+        # is decoded as written, its "▁" then read as a space
+        return [self.target_sp.decode_pieces([self.vocab[i] for i in seq if i not in specials]).replace("\u2581", " ")
+                .strip() for seq in ids]
 
     def piece(self, i: int, side: str = "target") -> str:
         """The piece of model id `i`."""
