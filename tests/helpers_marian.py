@@ -25,9 +25,10 @@ def _spm(lines: list[str], size: int) -> bytes:
     return out.getvalue()
 
 
-def make_marian(folder: Path, steps: int = 200, seed: int = 0, **config) -> Path:
-    """The model folder (cached per settings for the test session)."""
-    key = (steps, seed, tuple(sorted(config.items())))
+def make_marian(folder: Path, steps: int = 200, seed: int = 0, languages: tuple[str, ...] = (), **config) -> Path:
+    """The model folder (cached per settings for the test session). `languages`: a multi-target model's `>>xx<<`
+    tags in the vocabulary (as opus-mt-en-mul's), which MarianTokenizer reads at the start of a source line."""
+    key = (steps, seed, languages, tuple(sorted(config.items())))
     if key in _MADE and _MADE[key].exists():
         return _MADE[key]
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
@@ -43,6 +44,7 @@ def make_marian(folder: Path, steps: int = 200, seed: int = 0, **config) -> Path
         sp.LoadFromSerializedProto(model)
         pieces += [p for p in (sp.id_to_piece(i) for i in range(sp.get_piece_size()))
                    if p not in pieces and not (p.startswith("<") and p.endswith(">"))]
+    pieces += [f">>{code}<<" for code in languages]
     pieces.append("<pad>")
     vocab = {p: i for i, p in enumerate(pieces)}
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")

@@ -123,6 +123,36 @@ def test_source_only_pieces_are_written_as_marian_tokenizer_writes_them(tmp_path
     assert mine == theirs
 
 
+def test_a_multi_target_model_translates_into_the_language_asked_as_transformers_with_the_tag(tmp_path):
+    """An opus-mt-en-mul-like model (`>>deu<<`, `>>fra<<` in its vocabulary): `--tgt-lang` / `tgt_lang=` puts the
+    tag at each line's start and the output equals transformers' on the tagged lines; a line's own tag is kept; no
+    target, or one the model does not know, is one line naming the languages it knows."""
+    multi = make_marian(tmp_path / "opus-mt-en-mul", steps=0, seed=5, languages=("deu", "fra"))
+    hf = (transformers.MarianTokenizer.from_pretrained(str(multi)),
+          transformers.MarianMTModel.from_pretrained(str(multi)).eval())
+    lines = LINES[:30]
+    tr = Translator.load(multi, device="cpu", beam=1, max_len_a=0, max_len_b=60)
+    assert tr.tokenizer.languages == ["deu", "fra"]
+    outputs = {}
+    for lang in ("deu", "fra"):
+        outputs[lang] = tr.translate_best(lines, tgt_lang=lang)
+        assert outputs[lang] == _generate(*hf, [f">>{lang}<< {line}" for line in lines], 1)
+    index = {piece: i for i, piece in enumerate(tr.tokenizer.vocab)}
+    assert [ids[0] for ids in tr.encode(lines[:2], 1, "fra")] == [index[">>fra<<"]] * 2  # the tag, first
+    per_line = Translator.load(multi, device="cpu", beam=1, max_len_a=0, max_len_b=60, tgt_lang="deu")
+    assert per_line.translate_best([f">>fra<< {lines[0]}", lines[1]]) == [outputs["fra"][0], outputs["deu"][1]]
+    with pytest.raises(ConfigError, match=r"needs a target language: give --tgt-lang \(choose one of deu, fra\)"):
+        tr.translate_best(lines[:1])
+    with pytest.raises(ConfigError, match=r"does not translate into 'cs'; choose one of deu, fra"):
+        tr.translate_best(lines[:1], tgt_lang="cs")
+    text = "".join(line + "\n" for line in lines[:5])
+    args = ["translate", "-m", str(multi), "--beam", "1", "--max-len-a", "0", "--max-len-b", "60", "--threads", "1"]
+    r = run_nmt(*args, "--tgt-lang", "fra", input=text)
+    assert r.returncode == 0 and r.stdout.splitlines() == outputs["fra"][:5], r.stderr
+    r = run_nmt(*args, input=text)
+    assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "deu, fra" in r.stderr, r.stderr
+
+
 def test_hub_reference_converts_once_offline_through_the_real_client(folder, tmp_path):
     cache = tmp_path / "hub"
     write_model_repo(cache, REPO, COMMIT, folder_files(folder))

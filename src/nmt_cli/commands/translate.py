@@ -136,6 +136,10 @@ def register(app: typer.Typer) -> None:
         ),
         input_opt: Path = typer.Option(None, "-i", "--input", metavar="FILE", help="Input text file (as INPUT)."),
         output: Path = typer.Option(None, "-o", "--output", metavar="FILE", help="Output file (default: stdout)."),
+        tgt_lang: str = typer.Option(
+            None, "--tgt-lang", metavar="LANG",
+            help="A multilingual model's target language: its >>LANG<< tag starts each line that has none (a line "
+                 "that starts with a tag keeps it)."),
         average_last: int = typer.Option(
             None, "--average-last", min=1, metavar="N", help="Average the last N checkpoints of each -m run directory."
         ),
@@ -219,6 +223,7 @@ def register(app: typer.Typer) -> None:
                 sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
                 alignment=print_alignment.value if print_alignment is not None else None,
                 alignment_layer=alignment_layer, replace_unk=replace_unk, workers=workers, cuda_graphs=cuda_graphs,
+                tgt_lang=tgt_lang,
             )
             if translator.max_tokens_reason is not None:
                 note_line(f"--max-tokens auto: {translator.max_tokens_reason}")

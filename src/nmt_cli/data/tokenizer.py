@@ -5,7 +5,9 @@ The model travels as bytes inside every checkpoint, so translation needs nothing
 
 from __future__ import annotations
 
+import functools
 import io
+import re
 from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
@@ -98,6 +100,13 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size() if self.vocab is None else len(self.vocab)
 
+    @functools.cached_property
+    def languages(self) -> list[str]:
+        """The target languages of a multilingual model: the codes of its `>>xx<<` pieces (OPUS-MT's convention: the
+        target language's tag starts the source), in vocabulary order; [] for a model of one direction."""
+        pieces = self.vocab if self.vocab is not None else (self.sp.id_to_piece(i) for i in range(self.vocab_size))
+        return [p[2:-2] for p in pieces if _TAG.fullmatch(p)]
+
     def encode(self, lines: Sequence[str], num_threads: int = -1, side: str = "source") -> list[list[int]]:
         """Token ids without BOS/EOS, one list per line; `side` "target" for target-language text."""
         if self.vocab is None:
@@ -143,6 +152,15 @@ def _load(model_bytes: bytes) -> spm.SentencePieceProcessor:
     except Exception as exc:  # sentencepiece raises RuntimeError/OSError on garbage
         raise DataError(f"not a valid sentencepiece model ({exc})") from exc
     return sp
+
+
+_TAG = re.compile(r">>[^<>\s]+<<")
+
+
+def language_tag(line: str) -> str | None:
+    """The code of the `>>xx<<` tag that starts `line`, or None."""
+    code = _language_code(line)[0]
+    return code[0][2:-2] if code else None
 
 
 def _language_code(line: str) -> tuple[list[str], str]:

@@ -24,7 +24,7 @@ import torch
 from nmt_cli.checkpoints import averaging, marian, pretrained
 from nmt_cli.checkpoints import format as ckpt_io
 from nmt_cli.config import EOS_ID
-from nmt_cli.data.tokenizer import Tokenizer
+from nmt_cli.data.tokenizer import Tokenizer, language_tag
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
 from nmt_cli.decoding.config import source_batch
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
@@ -62,6 +62,7 @@ class TranslateConfig:
     alignment: str | None = None  # "words" | "pieces": add a column of Pharaoh i-j links (alignment.py)
     alignment_layer: int = -1  # decoder layer whose encoder-decoder attention gives the links
     replace_unk: bool = False  # replace unknown target tokens by the aligned source word
+    tgt_lang: str | None = None  # a multilingual model: the target language, as its `>>xx<<` tag at each line's start
 
     # `nmt translate`'s option names that differ from their SearchConfig field; every other option is named as its
     # SearchConfig or TranslateConfig field (so an option added to either is accepted here as it is).
@@ -287,10 +288,36 @@ class Translator:
         self.config = dataclasses.replace(self.config, max_tokens=found)
         self.max_tokens_reason = f"{found} ({SAFETY:.0%} of the largest batch that fit a full-length search, probed)"
 
-    def encode(self, lines: list[str], first_line: int) -> list[list[int]]:
-        """Source ids with EOS appended ([] for an empty line); over-long lines truncated with a warning."""
+    def tagged(self, lines: list[str], first_line: int, tgt_lang: str | None = None) -> list[str]:
+        """`lines` as a multilingual model reads them: each non-empty line starts with its target language's
+        `>>xx<<` tag (`tgt_lang`, else the config's), unless it already has a tag (per-line targets); a model of one
+        direction gets them unchanged. A language the model does not know, or a line with no target at all, is a
+        ConfigError of one line naming the languages it knows."""
+        known = self.tokenizer.languages
+        if not known:
+            return lines
+        tgt = tgt_lang or self.config.tgt_lang or (known[0] if len(known) == 1 else None)
+        choose = f"choose one of {', '.join(known)}"
+        if tgt is not None and tgt not in known:
+            raise ConfigError(f"the model does not translate into {tgt!r}; {choose} (--tgt-lang)")
         out = []
-        for i, ids in enumerate(self.tokenizer.encode(lines)):
+        for i, line in enumerate(lines):
+            tag = language_tag(line)
+            if tag is not None and tag not in known:
+                raise ConfigError(f"line {first_line + i} asks for >>{tag}<<, which the model does not know; {choose}")
+            if tag is None and line.strip():
+                if tgt is None:
+                    raise ConfigError(f"a multilingual model needs a target language: give --tgt-lang ({choose}) or "
+                                      f"start each line with its tag, e.g. >>{known[0]}<< (line {first_line + i} has none)")
+                line = f">>{tgt}<< {line}"
+            out.append(line)
+        return out
+
+    def encode(self, lines: list[str], first_line: int, tgt_lang: str | None = None) -> list[list[int]]:
+        """Source ids with EOS appended ([] for an empty line), a multilingual model's target tag first (`tagged`);
+        over-long lines truncated with a warning."""
+        out = []
+        for i, ids in enumerate(self.tokenizer.encode(self.tagged(lines, first_line, tgt_lang))):
             if len(ids) > self.max_src_tokens:
                 self.warn("truncated", f"line {first_line + i}: {len(ids)} tokens, truncated to the model's "
                                        f"limit of {self.max_src_tokens}")
@@ -360,10 +387,11 @@ class Translator:
                 f"tokens with beam {cfg.search.beam}; lower --max-tokens or --beam (Python: max_tokens, beam)")
 
     def translate(self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None,
-                  ) -> list[list[Translation]]:
+                  tgt_lang: str | None = None) -> list[list[Translation]]:
         """Raw lines -> per line, its hypotheses as Translation(score, text, ...), best first. `prefixes`:
-        one target prefix per line ('' for none), kept verbatim at the start of each output."""
-        sources = self.encode(lines, first_line)
+        one target prefix per line ('' for none), kept verbatim at the start of each output. `tgt_lang`: a
+        multilingual model's target language (else the config's, or each line's own `>>xx<<` tag)."""
+        sources = self.encode(lines, first_line, tgt_lang)
         prefix_ids = self.encode_prefixes(prefixes, first_line) if prefixes is not None else None
         hyps = self.translate_ids(sources, prefix_ids)
         flat = [h for hs in hyps for h in hs]
@@ -385,9 +413,9 @@ class Translator:
             out.append(row)
         return out
 
-    def translate_best(self, lines: list[str]) -> list[str]:
+    def translate_best(self, lines: list[str], tgt_lang: str | None = None) -> list[str]:
         """Raw lines -> the best translation of each, in order (an empty line gives an empty string)."""
-        return [hyps[0].text for hyps in self.translate(lines)]
+        return [hyps[0].text for hyps in self.translate(lines, tgt_lang=tgt_lang)]
 
     def _analyse(self, lines: list[str], sources: list[list[int]], hyps: list[list[Hypothesis]]) -> list[tuple]:
         """(token scores, alignment column, text with unknown tokens replaced or None) per hypothesis, from one
