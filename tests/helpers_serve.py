@@ -151,3 +151,27 @@ def error_of(r, status: int) -> str:
     assert set(body) == {"error"} and isinstance(body["error"], str) and body["error"]
     assert "\n" not in body["error"] and "\n" not in r.text.strip()  # one JSON line
     return body["error"]
+
+
+@contextlib.contextmanager
+def reference_translator(ckpt):
+    """What the Python API translates from `ckpt`, one thread, with the options a request gives:
+    translate(lines, **options) -> per line its Translations (a Translator per set of options, made once)."""
+    import torch
+
+    from nmt_cli.inference.translate import Translator
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cache = {}
+
+    def translate(lines, **options):
+        key = tuple(sorted(options.items()))
+        if key not in cache:
+            cache[key] = Translator.load(ckpt, device="cpu", **options)
+        return cache[key].translate(lines)
+
+    try:
+        yield translate
+    finally:
+        torch.set_num_threads(threads)

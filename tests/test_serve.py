@@ -21,7 +21,7 @@ httpx = pytest.importorskip("httpx", reason="the test-serve extra is not install
 libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test-serve extra is not installed")
 
 from conftest import toy_pairs  # noqa: E402
-from helpers_serve import Server, engine_pid, engine_pids, error_of, held, wait_for  # noqa: E402
+from helpers_serve import Server, engine_pid, engine_pids, error_of, held, reference_translator, wait_for  # noqa: E402
 from helpers_translate import make_checkpoint  # noqa: E402
 from nmt_cli.checkpoints import format as checkpoint  # noqa: E402
 from nmt_cli.inference.translate import Translator  # noqa: E402
@@ -52,20 +52,8 @@ def server(ckpt, request):
 @pytest.fixture(scope="module")
 def reference(ckpt):
     """What the Python API translates, one thread, with the options a request gives."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    cache = {}
-
-    def translate(lines, **options):
-        key = tuple(sorted(options.items()))
-        if key not in cache:
-            cache[key] = Translator.load(ckpt, device="cpu", **options)
-        return cache[key].translate(lines)
-
-    yield translate
-    torch.set_num_threads(threads)
+    with reference_translator(ckpt) as translate:
+        yield translate
 
 
 def post(server, body=None, **kwargs):

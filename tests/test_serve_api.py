@@ -19,9 +19,8 @@ libretranslatepy = pytest.importorskip("libretranslatepy", reason="the test-serv
 docx = pytest.importorskip("docx", reason="the serve extra is not installed (python-docx)")
 
 from conftest import toy_pairs  # noqa: E402
-from helpers_serve import FAULT, Server, error_of  # noqa: E402
+from helpers_serve import FAULT, Server, error_of, reference_translator  # noqa: E402
 from helpers_translate import make_checkpoint  # noqa: E402
-from nmt_cli.inference.translate import Translator  # noqa: E402
 from nmt_cli.serve.service import SEARCH_FIELDS  # noqa: E402
 
 LINES = [en for en, _ in toy_pairs(12, seed=5)]
@@ -52,13 +51,8 @@ def server(ckpt, suggestions):
 
 @pytest.fixture(scope="module")
 def reference(ckpt):
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    translator = Translator.load(ckpt, device="cpu")
-    yield lambda lines: [h[0].text for h in translator.translate(lines)]
-    torch.set_num_threads(threads)
+    with reference_translator(ckpt) as translate:
+        yield lambda lines: [h[0].text for h in translate(lines)]
 
 
 # ------------------------------------------------------------------------------- LibreTranslate's pinned answers
