@@ -55,6 +55,14 @@ class Server:
                 self.ready.set()
         self.ready.set()
 
+    def logged(self, text: str, timeout: float = 30) -> str:
+        """The log so far once it holds `text`: the server writes its log from another thread than the one that
+        answers, and the reader here collects it in a third, so a line may arrive after the response."""
+        deadline = time.monotonic() + timeout
+        while text not in (log := "".join(self.log)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return log
+
     def stop(self, sig=signal.SIGTERM, timeout=60) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)

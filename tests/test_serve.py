@@ -371,7 +371,7 @@ def test_engine_process_that_dies_fails_its_requests_and_the_server_says_so(ckpt
         message = error_of(result["r"], 500)
         assert message.startswith("internal error (request id ") and "the decoding engine process died" in message
         rid = result["r"].headers["X-Request-Id"]
-        assert f"request id {rid}" in message and any(f"request id {rid}" in line for line in s.log)
+        assert f"request id {rid}" in message and f"request id {rid}" in s.logged(f"request id {rid}")
         assert "the decoding engine process died" in error_of(post(s, {"q": "a cat", "source": "en",
                                                                         "target": "de"}), 503)
         assert httpx.get(s.url + "/health").status_code == 200

@@ -335,7 +335,7 @@ def test_an_internal_error_says_its_request_id_and_logs_the_traceback(ckpt):
         message = error_of(r, 500)
         rid = r.headers["X-Request-Id"]
         assert message == f"internal error (request id {rid}): RuntimeError"
-        log = "".join(s.log)
+        log = s.logged("a bug in the service")
         assert f"request id {rid}: GET /languages" in log
         assert "Traceback" in log.split(rid, 1)[1] and "a bug in the service" in log.split(rid, 1)[1]
         assert httpx.get(s.url + "/health").json() == {"status": "ok"}  # the server goes on
