@@ -28,7 +28,7 @@ from nmt_cli.data.tokenizer import Tokenizer, language_tag
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
 from nmt_cli.decoding.config import source_batch
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
-from nmt_cli.decoding.streams import decode_streams, default_streams
+from nmt_cli.decoding.streams import decode_streams
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.hub import pull as hub
 from nmt_cli.inference.ensemble import Ensemble
@@ -241,8 +241,9 @@ class Translator:
         # each model's parameters, counted before packing or quantizing (which turn weights into buffers)
         self.model_parameters = [sum(p.numel() for p in m.parameters()) for m in models]
         if self.device.type == "cpu":
-            from nmt_cli.inference import packed
+            from nmt_cli.inference import allocator, packed
 
+            allocator.map_large_blocks()  # a decoding step's large blocks go back to the system when freed
             onednn = precision == "fp32" and packed.use_packed()  # oneDNN's float32 products, not MKL's (packed.py)
             if onednn or self.dtype == torch.bfloat16:  # products through oneDNN
                 packed.bound_caches()  # its memory, bounded
@@ -326,14 +327,11 @@ class Translator:
         return out
 
     def streams(self) -> int:
-        """Decoding streams (decoding/streams.py): `workers` when given; else, on CPU with at least two threads,
-        two for a small model (`default_streams`: beam and greedy search; sampling draws from one generator, so it
-        is one stream), else one."""
+        """Decoding streams (decoding/streams.py): `workers` on a CPU (default 1); one on a GPU, and for sampling,
+        which draws from one generator."""
         if self.device.type != "cpu" or self.config.search.sampling:
             return 1
-        if self.config.workers is not None:
-            return self.config.workers
-        return default_streams(torch.get_num_threads(), max(self.model_parameters))
+        return self.config.workers or 1
 
     def decode_options(self) -> dict:
         """decode_batches' options: with CUDA graphs on (a GPU), static caches, a host check every GPU_CHECK_EVERY
