@@ -141,6 +141,12 @@ def test_a_multi_target_model_translates_into_the_language_asked_as_transformers
     assert [ids[0] for ids in tr.encode(lines[:2], 1, "fra")] == [index[">>fra<<"]] * 2  # the tag, first
     per_line = Translator.load(multi, device="cpu", beam=1, max_len_a=0, max_len_b=60, tgt_lang="deu")
     assert per_line.translate_best([f">>fra<< {lines[0]}", lines[1]]) == [outputs["fra"][0], outputs["deu"][1]]
+    # ISO 639-1 (and 639-2/B) codes find the model's ISO 639-3 tags, on the command line and in a line's own tag
+    assert tr.translate_best(lines[:3], tgt_lang="fr") == outputs["fra"][:3]
+    assert tr.translate_best(lines[:3], tgt_lang="ger") == outputs["deu"][:3]
+    assert per_line.translate_best([f">>fr<< {lines[0]}", lines[1]]) == [outputs["fra"][0], outputs["deu"][1]]
+    with pytest.raises(ConfigError, match=r"line 1 asks for >>cs<<, which the model does not know; choose one of"):
+        tr.translate_best([f">>cs<< {lines[0]}"])
     with pytest.raises(ConfigError, match=r"needs a target language: give --tgt-lang \(choose one of deu, fra\)"):
         tr.translate_best(lines[:1])
     with pytest.raises(ConfigError, match=r"does not translate into 'cs'; choose one of deu, fra"):

@@ -110,7 +110,13 @@ class Tokenizer:
     def encode(self, lines: Sequence[str], num_threads: int = -1, side: str = "source") -> list[list[int]]:
         """Token ids without BOS/EOS, one list per line; `side` "target" for target-language text."""
         if self.vocab is None:
-            return _encode(self.sp, list(lines), int, num_threads)
+            if not self.languages:
+                return _encode(self.sp, list(lines), int, num_threads)
+            # a multilingual model's leading tag is one piece and the rest is cut on its own, as MarianTokenizer
+            # does (so an export to MarianMT reads the same ids): not "▁" + tag, as sentencepiece would cut it
+            codes, texts = zip(*(_language_code(line) for line in lines), strict=True) if lines else ((), ())
+            ids = _encode(self.sp, list(texts), int, num_threads)
+            return [[self.sp.piece_to_id(c) for c in code] + i for code, i in zip(codes, ids, strict=True)]
         sp = self.sp if side == "source" else self.target_sp
         codes, texts = zip(*(_language_code(line) for line in lines), strict=True) if lines else ((), ())
         pieces = _encode(sp, list(texts), str, num_threads)
