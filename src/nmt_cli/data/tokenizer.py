@@ -17,8 +17,9 @@ from nmt_cli.errors import DataError
 
 
 def train_bpe(sentences: Iterable[str], vocab_size: int, *, character_coverage: float = 1.0,
-              num_threads: int = 2, seed_sentences: int = 0) -> bytes:
+              num_threads: int = 2, seed_sentences: int = 0, symbols: Sequence[str] = ()) -> bytes:
     """Learn a BPE model on `sentences` (both languages for a joint vocabulary); returns the model bytes.
+    `symbols` (a multilingual model's `>>xx<<` tags) become whole pieces that never split, ids 4, 5, ...
 
     `seed_sentences` > 0 caps how many sentences sentencepiece samples (bounded memory on big corpora).
     """
@@ -29,6 +30,8 @@ def train_bpe(sentences: Iterable[str], vocab_size: int, *, character_coverage: 
         pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", num_threads=num_threads,
         hard_vocab_limit=False, minloglevel=2,
     )
+    if symbols:
+        kwargs["user_defined_symbols"] = list(symbols)
     if seed_sentences:
         kwargs.update(input_sentence_size=seed_sentences, shuffle_input_sentence=True)
     try:
