@@ -41,7 +41,7 @@ Examples:
       --valid med/valid -o data/med \\
       --tokenizer-from hf:Helsinki-NLP/opus-mt-en-de  # to fine-tune it
   nmt prepare custom --pairs en-de,en-fr,en-cs --train multi30k/train \\
-      --valid multi30k/valid --test multi30k/test -o data/multi   # one model, three targets
+      --valid multi30k/valid -o data/multi    # one model, three targets
   nmt prepare wmt14-en-de,wmt14-en-fr -o data/en-defr
   nmt prepare --list
 """
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
     @app.command("prepare", short_help=_SUMMARY, help=_HELP, epilog=_EPILOG,
                  cls=usage("NAME -o OUT_DIR [OPTIONS]",
                            "custom --src-lang LANG --tgt-lang LANG --train PREFIX -o OUT_DIR [OPTIONS]",
-                           "custom --pairs SRC-TGT,... --train PREFIX -o OUT_DIR [OPTIONS]", "--list"))
+                           "custom --pairs PAIRS --train PREFIX -o OUT_DIR [OPTIONS]", "--list"))
     def prepare(
         name: str = typer.Argument(None, metavar="NAME", help="Corpus name (see --list) or custom."),
         out_dir: str = typer.Option(None, "-o", "--out", "--output", metavar="OUT_DIR",
@@ -63,8 +63,8 @@ def register(app: typer.Typer) -> None:
                                      help="Source language code (custom; or pick a direction of a named corpus)."),
         tgt_lang: str = typer.Option(None, "--tgt-lang", metavar="LANG", rich_help_panel=_DATA,
                                      help="Target language code."),
-        pairs: str = typer.Option(None, "--pairs", metavar="SRC-TGT,...", rich_help_panel=_DATA,
-                                  help="custom: several directions into one data directory, for one multilingual "
+        pairs: str = typer.Option(None, "--pairs", metavar="PAIRS", rich_help_panel=_DATA,
+                                  help="custom: several directions SRC-TGT,SRC-TGT into one data directory, for one multilingual "
                                        "model (e.g. en-de,en-fr: PREFIX.en, PREFIX.de, PREFIX.fr); with several "
                                        "targets each source starts with its target's >>xx<< tag."),
         train: str = typer.Option(None, "--train", metavar="PREFIX", rich_help_panel=_DATA,
