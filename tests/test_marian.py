@@ -159,6 +159,24 @@ def test_a_multi_target_model_translates_into_the_language_asked_as_transformers
     assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "deu, fra" in r.stderr, r.stderr
 
 
+def test_a_multi_target_model_from_the_hub_cache_translates_with_tgt_lang_as_transformers(tmp_path):
+    """opus-mt-en-mul-like, pulled through the real client from a cache in the hub's layout: `--tgt-lang fr` finds
+    its `>>fra<<` and the output equals transformers' `generate` on the tagged lines (beam 4)."""
+    multi = make_marian(tmp_path / "opus-mt-en-mul", steps=0, seed=5, languages=("deu", "fra"))
+    repo = "Helsinki-NLP/opus-mt-en-mul"
+    cache = tmp_path / "hub"
+    write_model_repo(cache, repo, COMMIT, folder_files(multi))
+    hf = (transformers.MarianTokenizer.from_pretrained(str(multi)),
+          transformers.MarianMTModel.from_pretrained(str(multi)).eval())
+    lines = LINES[:12]
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "NMT_CACHE": str(tmp_path / "nmt")}
+    for code, tag in (("fr", "fra"), ("deu", "deu")):
+        r = run_nmt("translate", "-m", f"hf:{repo}", "--tgt-lang", code, "--beam", "4", "--max-len-a", "0",
+                    "--max-len-b", "60", "--threads", "1", env=env, input="".join(line + "\n" for line in lines))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == _generate(*hf, [f">>{tag}<< {line}" for line in lines], 4)
+
+
 def test_hub_reference_converts_once_offline_through_the_real_client(folder, tmp_path):
     cache = tmp_path / "hub"
     write_model_repo(cache, REPO, COMMIT, folder_files(folder))
