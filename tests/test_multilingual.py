@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from conftest import toy_pairs
-from nmt_cli.data.multilingual import sampled_rows, weights
+from nmt_cli.data.multilingual import Direction, bpe_sample, sampled_rows, weights
+from nmt_cli.data.readers import TextPairSource
 from nmt_cli.data.prepare import PrepareOptions, prepare
 from nmt_cli.data.store import ParallelData, read_tokenizer
 from nmt_cli.errors import ConfigError, DataError
@@ -175,3 +176,22 @@ def test_train_validates_each_direction_and_translates_into_the_language_asked(t
         tr.translate_best(src[:1])
     with pytest.raises(DataError):
         ParallelData(data, "nope")
+
+
+def test_the_bpe_sample_gives_each_language_its_temperature_share(tmp_path):
+    """en-de with 1000 pairs and en-fr with 100 (another English file): the sample's sentences per language follow
+    (n_l / n) ** (1 / 5), each drawn from that language's lines."""
+    for name, n, lang in (("big", 1000, "de"), ("small", 100, "fr")):
+        (tmp_path / f"{name}.en").write_text("".join(f"en {name} {i}\n" for i in range(n)))
+        (tmp_path / f"{name}.{lang}").write_text("".join(f"{lang} {i}\n" for i in range(n)))
+    dirs = [Direction(name, "en", lang, {"train": TextPairSource("train", tmp_path / f"{name}.en",
+                                                                 tmp_path / f"{name}.{lang}")},
+                      ("en", lang), 100, 1.0, 400, {}) for name, lang in (("big", "de"), ("small", "fr"))]
+    totals = {"en-de": {"train": 1000}, "en-fr": {"train": 100}}
+    counter = [0]
+    lines = list(bpe_sample(dirs, totals, 400, seed=1, chunk=64, normalize=False, counter=counter))
+    assert counter[0] == len(lines) and len(set(lines)) == len(lines)  # drawn without repeats
+    shares = weights({"en": 1100, "de": 1000, "fr": 100}, 5.0)
+    counts = {lang: sum(line.startswith(lang + " ") for line in lines) for lang in ("en", "de", "fr")}
+    assert counts == {lang: pytest.approx(400 * shares[lang], abs=1) for lang in counts}
+    assert counts["fr"] > 400 * 100 / 2200 * 2  # far more than the data's own share of French
