@@ -13,8 +13,8 @@ import pytest
 
 from conftest import toy_pairs
 from nmt_cli.data.multilingual import Direction, bpe_sample, sampled_rows, weights
-from nmt_cli.data.readers import TextPairSource
 from nmt_cli.data.prepare import PrepareOptions, prepare
+from nmt_cli.data.readers import TextPairSource
 from nmt_cli.data.store import ParallelData, read_tokenizer
 from nmt_cli.errors import ConfigError, DataError
 
