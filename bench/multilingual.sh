@@ -66,6 +66,7 @@ from nmt_cli.checkpoints import format as checkpoint
 
 out, langs = Path(sys.argv[1]), sys.argv[2:]
 py3langid.set_languages(langs + ["en"])
+bleu = sacrebleu.BLEU()
 
 
 def params(run):
@@ -81,12 +82,12 @@ for lang in langs:
     ref = (out / lang / "data" / "raw" / f"test.{lang}").read_text().splitlines()
     bi = (out / f"test.bi.{lang}").read_text().splitlines()
     multi = (out / f"test.multi.{lang}").read_text().splitlines()
-    b, m = (sacrebleu.corpus_bleu(h, [ref]).score for h in (bi, multi))
+    b, m = (bleu.corpus_score(h, [ref]).score for h in (bi, multi))
     inside = sum(py3langid.classify(line)[0] == lang for line in multi) / len(multi)
     print(f"en-{lang:<7}{b:>10.1f}{m:>14.1f}{m - b:>+8.1f}{inside:>12.1%}")
 bi_runs = [out / lang / "run" for lang in langs]
 print(f"updates: bilingual {' + '.join(str(updates(r)) for r in bi_runs)}, multilingual {updates(out / 'multi' / 'run')}")
 print(f"parameters: bilingual {' + '.join(f'{params(r) / 1e6:.2f}M' for r in bi_runs)}, "
       f"multilingual {params(out / 'multi' / 'run') / 1e6:.2f}M")
-print(f"BLEU: {sacrebleu.BLEU().get_signature()}")
+print(f"BLEU: {bleu.get_signature()}")
 PY
