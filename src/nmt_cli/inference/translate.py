@@ -21,6 +21,7 @@ from typing import BinaryIO, NamedTuple
 
 import torch
 
+from nmt_cli import languages
 from nmt_cli.checkpoints import averaging, marian, pretrained
 from nmt_cli.checkpoints import format as ckpt_io
 from nmt_cli.config import EOS_ID
@@ -292,20 +293,25 @@ class Translator:
     def tagged(self, lines: list[str], first_line: int, tgt_lang: str | None = None) -> list[str]:
         """`lines` as a multilingual model reads them: each non-empty line starts with its target language's
         `>>xx<<` tag (`tgt_lang`, else the config's), unless it already has a tag (per-line targets); a model of one
-        direction gets them unchanged. A language the model does not know, or a line with no target at all, is a
-        ConfigError of one line naming the languages it knows."""
+        direction gets them unchanged. A code names the model's tag of its language (`fr` or `fre` for `>>fra<<`,
+        `languages.resolve`), a line's own tag too. A language the model does not know, or a line with no target at
+        all, is a ConfigError of one line naming the languages it knows."""
         known = self.tokenizer.languages
         if not known:
             return lines
         tgt = tgt_lang or self.config.tgt_lang or (known[0] if len(known) == 1 else None)
         choose = f"choose one of {', '.join(known)}"
-        if tgt is not None and tgt not in known:
-            raise ConfigError(f"the model does not translate into {tgt!r}; {choose} (--tgt-lang)")
+        if tgt is not None:
+            tgt = languages.resolve(tgt, known)
         out = []
         for i, line in enumerate(lines):
             tag = language_tag(line)
             if tag is not None and tag not in known:
-                raise ConfigError(f"line {first_line + i} asks for >>{tag}<<, which the model does not know; {choose}")
+                try:
+                    line = f">>{languages.resolve(tag, known)}<<{line[len(tag) + 4:]}"
+                except ConfigError:
+                    raise ConfigError(f"line {first_line + i} asks for >>{tag}<<, which the model does not know; "
+                                      f"{choose}") from None
             if tag is None and line.strip():
                 if tgt is None:
                     raise ConfigError(f"a multilingual model needs a target language: give --tgt-lang ({choose}) or "
