@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import sys
 
-
 M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
 LARGE_BLOCK = 1 << 20  # bytes: blocks this large or larger get a mapping of their own
 
