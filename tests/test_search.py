@@ -714,6 +714,48 @@ def test_the_graphed_step_gives_the_eager_outputs(options, check_every):
     assert 1 <= graphs.recorded < graphs.replayed
 
 
+def _every_tensor(*objects) -> tuple:
+    """The address, shape and strides of every tensor among `objects`' attributes (the reference for graph keys)."""
+    parts: list = []
+    for obj in objects:
+        for value in vars(obj).values():
+            if isinstance(value, torch.Tensor):
+                parts.append((value.data_ptr(), value.shape, value.stride()))
+            elif value is None:
+                parts.append(None)
+    return tuple(parts)
+
+
+@pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1)])
+def test_graph_keys_change_whenever_any_tensor_of_the_state_or_cache_does(options, monkeypatch):
+    """A graph's key is a few ints the state and the cache keep (`SearchState.key`, `Cache.key`), not a walk over
+    their attributes; keys that are equal must mean every tensor of both is the same (address, shape and strides),
+    through joins that merge and joins that do not, sentences leaving, a bucket outgrown."""
+    from nmt_cli.decoding import graphs as graphs_module
+
+    seen: dict[tuple, tuple] = {}
+    real_key = graphs_module.step_key
+
+    def checked(state, cache, cfg, search):
+        key = real_key(state, cache, cfg, search)
+        reference = _every_tensor(state, *cache.segments)
+        for obj, own in ((state, state.key()), *((seg, seg.key()) for seg in cache.segments)):
+            for name, value in vars(obj).items():  # every tensor a step may read is in its owner's key
+                if isinstance(value, torch.Tensor) and name not in ("_room", "_kv_room", "src_pad"):
+                    assert value.data_ptr() in own, f"{type(obj).__name__}.{name} is not in its key"
+        assert seen.setdefault(key, reference) == reference, "equal keys over different tensors"
+        return key
+
+    monkeypatch.setattr("nmt_cli.decoding.scheduler.step_key", checked)
+    model = tiny(seed=21)
+    src, mask, _ = mixed_batch(24, seed=22)
+    batches = [(src[i : i + 6], mask[i : i + 6]) for i in range(0, 24, 6)]
+    cfg = SearchConfig(max_len_a=1.5, max_len_b=12, **options)  # outputs past 16 positions: a bucket outgrown
+    graphs = StepGraphs("cpu")
+    decode_batches(model, batches, cfg, static=True, check_every=2, join_below=1.0, graphs=graphs)
+    assert len(seen) > 3 and graphs.replayed > graphs.recorded
+
+
 def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
     """After a step, the state holds the same tensors and the cache the same buffers (a beam reorder moves the slot
     tables in place: one graph replayed); the steps the host decides (a forced prefix token, a row at its maximum length,

@@ -17,15 +17,16 @@ with its own positions and source. A segment keeps
     `beams` consecutive rows (R = N x beams, sentence-major; attention folds the beams into the query dimension);
   - the source padding mask, laid out once as [N x H, 1, S] for attention.
 
-Two layouts, one code path:
-  - exact (CPU eager, the default): attention reads exactly the `length + 1` filled positions (each sentence's
-    window one contiguous block of the buffer); the capacity doubles when it runs out. Shapes change every step,
-    which costs nothing in eager mode.
-  - static (for torch.compile and CUDA graphs): the capacity C comes from a few buckets (16, 32, 64, ...), attention
-    reads all C positions with the unfilled ones masked, a beam reorder copies the slot table in place (every
-    buffer keeps its address), and a step's shapes change only when a bucket does.
-The host side (`make_room`, `advance`) runs around the step; the step itself (`Transformer.static_step`) reads only
-tensors and bucket-level ints.
+One layout: the capacity C comes from a few buckets (16, 32, 64, ...; new buffers, the filled positions copied, when
+one runs out), read in one of two ways:
+  - exact (CPU eager, the default): attention reads the `length + 1` filled positions, a slice of the buffer (each
+    sentence's window one contiguous block); a step writes its position by a slice. Shapes change every step, which
+    costs nothing in eager mode.
+  - static (`static=True`: torch.compile and CUDA graphs): attention reads all C positions with the unfilled ones
+    masked, a step writes its position by index from a device tensor, a beam reorder copies the slot table in place
+    (every buffer keeps its address), and a step's shapes change only when a bucket does.
+The host side (`make_room`, `advance`) runs around the step; the step itself (decoding/step.py) reads only tensors
+and bucket-level ints.
 
 Joined batches merge: a batch that joins becomes part of the segment before it (`DecoderCache.merge`) when their
 lengths differ by at most MERGE_GAP positions, so the columns its rows attend to in vain are few: a server's
@@ -51,7 +52,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from nmt_cli.decoding.config import index_on
+from nmt_cli.decoding.config import index_on, layout_key
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # A joining batch merges when its length is within MERGE_GAP positions of the running segment's (merged, its rows
@@ -90,6 +91,10 @@ class Cache(Protocol):
 
     def advance(self, host: bool = True, device: bool = True) -> None:
         """One more position decoded: the host's count and/or the device's (a graph replays only the device's)."""
+
+    def key(self) -> tuple:
+        """Ints that change whenever a buffer a step reads or writes changes address, shape or strides (a recorded
+        CUDA graph is replayed only under the same key: graphs.py)."""
 
 
 class Segment:
@@ -132,6 +137,10 @@ class Segment:
     @property
     def capacity(self) -> int:
         return self.kv.size(4)
+
+    def key(self) -> tuple:
+        """The addresses, shapes and strides of the buffers a step reads and writes (Cache.key)."""
+        return layout_key(self.kv, self.cross, self.pad, self.pos, self.slots, self._own, self._arange, self._row_start)
 
     def write(self, layer: int, new: Tensor) -> None:
         """Write one layer's new keys and values new [2, N, H, B, K] (each row into its own slot) at the position: by
@@ -195,7 +204,7 @@ class Segment:
         self.row_start()
         need = self.length + 1
         if self.kv is None or self.capacity < need:
-            self._grow(_bucket(need) if self.static else max(16, 2 * need))
+            self._grow(_bucket(need))
         if self.beams > 1 and (self._own is None or self._own.size(0) != self.rows):
             self._own = torch.arange(self.beams, device=self.cross.device).repeat(self.sentences)
 
@@ -338,6 +347,9 @@ class DecoderCache:
     def advance(self, host: bool = True, device: bool = True) -> None:
         for s in self.segments:
             s.advance(host, device)
+
+    def key(self) -> tuple:
+        return tuple(s.key() for s in self.segments)
 
     def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
         if len(self.segments) == 1:

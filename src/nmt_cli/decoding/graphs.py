@@ -13,7 +13,7 @@ What makes a step replayable:
   - The steps read and write the same memory: the tensors the search would replace (`state.tokens = ...`,
     finalize's `torch.where`) are copied back into the ones the step began with (`in_place`), and the static cache's beam
     reorder copies its slot tables in place (the keys and values do not move: cache.py). A graph is keyed by the
-    address, shape and strides of every tensor of the state and the cache (`step_key`) and by the search's
+    address, shape and strides of every tensor of the state and the cache (`step_key`: ints they keep) and by the search's
     settings, and replayed only where all of them are the same; a new key (the capacity grew to its next bucket,
     sentences left or joined) records a new graph, from its first step.
   - Sentences leave at the scheduler's host checks (every GPU_CHECK_EVERY steps), after the step, as on every
@@ -150,22 +150,9 @@ def graphable(model, cache, state, cfg: SearchConfig, t: int) -> bool:
 
 
 def step_key(state, cache, cfg: SearchConfig, search) -> tuple:
-    """What a recorded step depends on: the search and its settings, and the address, shape and strides of every
-    tensor of the state and the cache's segments (None where an optional one is absent)."""
-    parts: list = [type(search).__name__, dataclasses.astuple(cfg)]
-    for obj in (state, *cache.segments):
-        for value in vars(obj).values():
-            if isinstance(value, Tensor):
-                parts.append(_signature(value))
-            elif value is None:
-                parts.append(None)
-            elif isinstance(value, list) and value and isinstance(value[0], Tensor):
-                parts.extend(_signature(v) for v in value)
-    return tuple(parts)
-
-
-def _signature(x: Tensor) -> tuple:
-    return x.data_ptr(), x.shape, x.stride(), x.dtype
+    """What a recorded step depends on: the search and its settings, and the addresses, shapes and strides of the
+    state's and the cache's tensors (`SearchState.key`, `Cache.key`: ints each keeps)."""
+    return type(search).__name__, dataclasses.astuple(cfg), state.key(), cache.key()
 
 
 def in_place(body: Callable[[int | Tensor], None], state) -> Callable[[int | Tensor], None]:

@@ -42,6 +42,9 @@ class EnsembleCache:
         for c in self.caches:
             c.advance(host, device)
 
+    def key(self) -> tuple:
+        return tuple(c.key() for c in self.caches)
+
 
 class Ensemble:
     def __init__(self, models: list):
