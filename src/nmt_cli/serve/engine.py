@@ -39,8 +39,10 @@ from nmt_cli.decoding.config import Sources, source_batch
 from nmt_cli.inference.translate import Translator
 from nmt_cli.serve.turns import Turns
 
-JOIN_FRACTION = 0.25  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
-JOIN_WAIT_S = 0.03  # or once the oldest has waited this long (fewer, larger batches: each encoding has a fixed cost)
+JOIN_FRACTION = 0.5  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
+JOIN_WAIT_S = 0.1  # or once the oldest has waited this long (fewer, larger batches: each encoding has a fixed cost,
+# and each joined batch is a cache segment that every step attends separately; 0.25 and 30 ms cost ~7% more CPU a
+# sentence at 16 clients a process: docs/results.md#serving)
 SEARCHES = 4  # searches (groups of different settings) decoded at once, in turns; more groups wait for a worker
 FIELDS = dataclasses.fields(SearchConfig)  # a search's key: its settings' values, in order
 
@@ -107,7 +109,7 @@ class _Group:
         self.cfg, self.generator = cfg, generator
         self.waiting: deque[tuple[int, Job, int, float]] = deque()  # (arrival number, job, index, arrival time)
         self.running = 0  # sentences its search decodes (as its feed last saw them)
-        self.searched = False  # a worker runs its search
+        self.feed: _Feed | None = None  # its search's feed, while a worker runs it
 
     def worth_encoding(self) -> bool:
         """Whether the waiting sentences are enough to encode as a batch now (JOIN_FRACTION; the time limit aside):
@@ -126,7 +128,10 @@ class Engine:
         self.max_queue = max_queue
         self.max_tokens = translator.config.max_tokens
         self.max_sentences = translator.config.max_sentences
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()  # over everything below; conditions on it:
+        self.cond = threading.Condition(self.lock)  # (for callers that hold it; each feed waits on its own)
+        self.wake = threading.Condition(self.lock)  # idle workers wait on this one (woken one at a time)
+        self.feeds: set[_Feed] = set()  # the running searches' feeds
         self.groups: dict[tuple, _Group] = {}
         self.queued = 0  # sentences accepted and not finished (waiting or being decoded)
         self.closing = False
@@ -194,8 +199,13 @@ class Engine:
                 first = not group.waiting  # the encoding thread's time limit starts with it
                 group.waiting.extend((next(self.arrivals), job, i, now) for i in todo)
                 self.queued += len(todo)
-                if first or group.worth_encoding():
-                    self.cond.notify_all()
+                if group.feed is not None:
+                    if first or group.worth_encoding():
+                        group.feed.cond.notify_all()
+                elif first:
+                    self.wake.notify()
+                    if not self.idle:  # the running searches drain
+                        self._notify_feeds()
         if not todo:
             on_finish(job)
         return job
@@ -210,7 +220,8 @@ class Engine:
         """Take no new work; the worker finishes what was accepted, then ends."""
         with self.cond:
             self.closing = True
-            self.cond.notify_all()
+            self.wake.notify_all()
+            self._notify_feeds()
         if wait:
             deadline = None if timeout is None else time.monotonic() + timeout
             for thread in self.threads:
@@ -230,14 +241,15 @@ class Engine:
             with self.cond:
                 self.idle += 1
                 while not (keys := self._unsearched()) and not self.closing:
-                    self.cond.wait()
+                    self.wake.wait()
                 self.idle -= 1
                 if not keys:
                     return  # closing and nothing left
                 key = min(keys, key=lambda k: self.groups[k].waiting[0][0])  # the one waiting longest
                 group = self.groups[key]
-                group.searched = True
-            feed = _Feed(self, key)
+                group.feed = feed = _Feed(self, key)
+                self.feeds.add(feed)
+            feed.start()
             try:
                 decode_batches(self.translator.model, (), group.cfg, generator=group.generator, feed=feed,
                                on_done=feed.done)
@@ -248,19 +260,26 @@ class Engine:
                 self.turns.leave(feed)
                 feed.close()
             with self.cond:
-                group.searched = False
+                group.feed = None
+                self.feeds.discard(feed)
                 if group.waiting:
-                    self.cond.notify_all()  # (came after the search decided to end: another worker, or this one)
+                    self.wake.notify()  # (came after the search decided to end: another worker, or this one)
                 elif self.groups.get(key) is group:
                     del self.groups[key]
+                self._notify_feeds()  # (a worker is free again: searches that drained may take sentences again)
 
     def _unsearched(self) -> list[tuple]:
         """(holding the lock) Groups with sentences waiting and no search."""
-        return [k for k, g in self.groups.items() if g.waiting and not g.searched]
+        return [k for k, g in self.groups.items() if g.waiting and g.feed is None]
 
     def _starved(self) -> bool:
         """(holding the lock) A group waits for a worker and none is free: the running searches drain."""
-        return not self.idle and any(g.waiting and not g.searched for g in self.groups.values())
+        return not self.idle and any(g.waiting and g.feed is None for g in self.groups.values())
+
+    def _notify_feeds(self) -> None:
+        """(holding the lock) Wake every running search's threads to look again (the workers' state changed)."""
+        for feed in self.feeds:
+            feed.cond.notify_all()
 
     def _finished(self, n: int, dropped: bool = False) -> None:
         """Count n finished (or dropped) sentences (called holding the lock)."""
@@ -287,8 +306,11 @@ class _Feed:
         self.running = self.group.running = 0  # sentences the search decoded at its last look
         self.stopped = False
         self.error: Exception | None = None  # the encoding failed (raised in the search's thread)
+        self.cond = threading.Condition(engine.lock)  # its encoding thread and its search wait on this
         self.thread = threading.Thread(target=self._encode, name=f"{threading.current_thread().name}-encode",
                                        daemon=True)
+
+    def start(self) -> None:
         self.thread.start()
 
     def _encode(self) -> None:
@@ -302,7 +324,7 @@ class _Feed:
         except Exception as exc:
             with engine.cond:
                 self.error, self.encoding = exc, 0
-                engine.cond.notify_all()
+                self.cond.notify_all()
 
     def _encode_next(self) -> bool:
         """Wait for sentences to encode and encode them as one batch; False once the feed is closed."""
@@ -318,12 +340,12 @@ class _Feed:
                     batch = self._take(room)
                     self.encoding = batch.src.size(0)
                     break
-                engine.cond.wait(wait)
+                self.cond.wait(wait)
         cache = encode_batch(engine.translator.model, batch.src, batch.src_pad_mask)
         with engine.cond:
             self.ready.append(batch._replace(cache=cache))
             self.encoding = 0
-            engine.cond.notify_all()
+            self.cond.notify_all()
         return True
 
     def _draining(self) -> bool:
@@ -340,7 +362,7 @@ class _Feed:
             full = self._room() <= 0
             self.group.running = running
             if full or self.group.worth_encoding():  # room again, or enough waiting now
-                self.engine.cond.notify_all()
+                self.cond.notify_all()
         self.running = self.group.running = running
 
     def _room(self) -> int:
@@ -357,7 +379,7 @@ class _Feed:
         """The search ended: stop the encoding thread."""
         with self.engine.cond:
             self.stopped = True
-            self.engine.cond.notify_all()
+            self.cond.notify_all()
         self.thread.join()
 
     def abandoned(self, sentences: list[int]) -> list[int]:
@@ -385,7 +407,7 @@ class _Feed:
                 if not self.encoding and (self._draining() or not self._live()):
                     self.stopped = True  # (at once: the encoding thread takes nothing for a search that ends)
                     return None
-                engine.cond.wait()
+                self.cond.wait()
         engine.turns.take(self, len(self.requests))
         return batch
 
