@@ -39,10 +39,8 @@ from nmt_cli.decoding.config import Sources, source_batch
 from nmt_cli.inference.translate import Translator
 from nmt_cli.serve.turns import Turns
 
-JOIN_FRACTION = 0.5  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
-JOIN_WAIT_S = 0.1  # or once the oldest has waited this long (fewer, larger batches: each encoding has a fixed cost,
-# and each joined batch is a cache segment that every step attends separately; 0.25 and 30 ms cost ~7% more CPU a
-# sentence at 16 clients a process: docs/results.md#serving)
+JOIN_FRACTION = 0.25  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
+JOIN_WAIT_S = 0.03  # or once the oldest has waited this long (fewer, larger batches: each encoding has a fixed cost)
 SEARCHES = 4  # searches (groups of different settings) decoded at once, in turns; more groups wait for a worker
 FIELDS = dataclasses.fields(SearchConfig)  # a search's key: its settings' values, in order
 
