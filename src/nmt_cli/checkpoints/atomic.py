@@ -46,8 +46,11 @@ def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OS
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        if isinstance(exc, OSError) and on_error is not None:
-            raise on_error(path, exc) from exc
+        cause = os_error_behind(exc)
+        if cause is not None and on_error is not None:
+            raise on_error(path, cause) from exc
+        if cause is not None and cause is not exc:
+            raise cause from exc
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -57,6 +60,19 @@ def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OS
             os.close(dir_fd)
     except OSError:
         pass
+
+
+def os_error_behind(exc: BaseException) -> OSError | None:
+    """The OSError that `exc` is, or that it was raised while handling (its __cause__/__context__ chain): a writer
+    library may hide the system's error behind its own (torch's zip writer, failing again as it closes after a full
+    disk, raises RuntimeError "unexpected pos" whose context is the OSError "No space left on device")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, on_error=None) -> None:
