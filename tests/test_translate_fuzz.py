@@ -9,15 +9,19 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-hypothesis = pytest.importorskip("hypothesis", reason="the test extra is not installed (hypothesis)")
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from helpers_translate import make_checkpoint  # noqa: E402
-from nmt_cli.decoding import SearchConfig  # noqa: E402
-from nmt_cli.inference.translate import TranslateConfig, Translator, Warner, load_checkpoints, translate_stream  # noqa: E402
-from nmt_cli.lines import count_lines  # noqa: E402
+from helpers_translate import make_checkpoint
+from nmt_cli.decoding import SearchConfig
+from nmt_cli.inference.translate import (
+    TranslateConfig,
+    Translator,
+    Warner,
+    load_checkpoints,
+    translate_stream,
+)
+from nmt_cli.lines import count_lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
