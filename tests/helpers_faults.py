@@ -31,3 +31,12 @@ def small_filesystem(where: Path, size: str = "3m"):
 def leftovers(directory: Path) -> list[str]:
     """Temporary files a writer left behind in `directory` (atomic_write's NAME.XXXX.tmp, folders' .tmp-...)."""
     return sorted(p.name for p in directory.rglob("*") if ".tmp" in p.name)
+
+
+def fill(where: Path, leave: int) -> None:
+    """Take all the free space of the filesystem of `where` but `leave` bytes (a file named filler)."""
+    import os
+
+    free = shutil.disk_usage(where).free
+    with open(where / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, max(1, free - leave))

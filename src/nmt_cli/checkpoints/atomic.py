@@ -8,9 +8,12 @@ made durable): a crash, a full disk or Ctrl-C at any moment leaves either the ol
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def _umask() -> int:
@@ -65,13 +68,18 @@ def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OS
 def os_error_behind(exc: BaseException) -> OSError | None:
     """The OSError that `exc` is, or that it was raised while handling (its __cause__/__context__ chain): a writer
     library may hide the system's error behind its own (torch's zip writer, failing again as it closes after a full
-    disk, raises RuntimeError "unexpected pos" whose context is the OSError "No space left on device")."""
+    disk, raises RuntimeError "unexpected pos" whose context is the OSError "No space left on device"), or carry it
+    only in its text (a library written in Rust, such as safetensors: "I/O error: ... (os error 28)")."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, OSError):
             return exc
+        rust = _RUST_OS_ERROR.search(str(exc))  # safetensors' SafetensorError: "... (os error 28)"
+        if rust:
+            errno = int(rust.group(1))
+            return OSError(errno, os.strerror(errno))
         seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
     return None
 
 

@@ -150,7 +150,11 @@ class FileStore:
         stem = _UNSAFE.sub("_", base[:len(base) - len(ext)]).strip("._")[:80] or "file"
         key = uuid.uuid4().hex
         path = self.dir / key
-        path.write_bytes(data)
+        try:
+            path.write_bytes(data)
+        except OSError:  # a full disk: no partial file stays behind (none was ever listed)
+            path.unlink(missing_ok=True)
+            raise
         name = f"{key}.{stem}.{target}{ext}"
         with self._lock:
             self._files[name] = (path, time.monotonic() + self.ttl, name[len(key) + 1:])
