@@ -157,6 +157,7 @@ class Tally:
     reruns_failed: int = 0
     left_after_kill: int = 0
     left_after_rerun: int = 0
+    downloads: int = 0  # serve-file: whole downloads before the kills
     notes: list[str] = field(default_factory=list)
 
     def add(self, outcome: str) -> None:
@@ -262,13 +263,141 @@ def disk_full_trial(w: Writer, work: Path) -> Tally:
     return tally
 
 
+# ------------------------------------------------------------------------------------------------ the server
+
+
+class Serve:
+    """`nmt serve` in its own process group, its temporary folder `tmp`; `url` once it listens."""
+
+    def __init__(self, work: Path, tmp: Path):
+        import re
+        import threading
+
+        tmp.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [*NMT, "serve", "-m", str(work / "run" / "checkpoint_40.pt"), "--langs", "en-de", "--port", "0",
+             "--threads", "1", "--file-char-limit", "100000"], env={**ENV, "TMPDIR": str(tmp)},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.url, ready, self.log = None, threading.Event(), []
+
+        def read():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if m := re.search(r"listening on (http://\S+)", line):
+                    self.url = m.group(1)
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not ready.wait(180) or self.url is None:
+            self.kill()
+            raise SystemExit("nmt serve did not start:\n" + "".join(self.log[-20:]))
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        self.proc.wait()
+
+
+def translate_files(url: str, text: str, stop, results: list) -> None:
+    """Translate `text` as a .txt file through /translate_file and /download_file until `stop` is set or the
+    server goes: each download that completes is recorded with its number of lines."""
+    import httpx
+
+    with httpx.Client(timeout=120) as client:
+        while not stop.is_set():
+            try:
+                r = client.post(url + "/translate_file", data={"source": "en", "target": "de"},
+                                files={"file": ("in.txt", text.encode(), "text/plain")})
+                if r.status_code != 200:
+                    results.append(("refused", r.status_code))
+                    continue
+                got = client.get(r.json()["translatedFileUrl"])
+                results.append(("downloaded", got.content.count(b"\n") if got.status_code == 200 else -1))
+            except httpx.HTTPError:
+                return
+
+
+def serve_trials(work: Path, trials: int, rng: random.Random) -> Tally:
+    """kill -9 of nmt serve while 4 clients translate files; then a server started again must translate one."""
+    import threading
+
+    tally = Tally("serve-file", "kill -9")
+    lines = [ln for ln in (work / "data" / "raw" / "test.en").read_text().splitlines() if ln][:40]
+    text = "\n".join(lines) + "\n"
+    base = work / "kill" / "serve-file"
+    shutil.rmtree(base, ignore_errors=True)
+    for trial in range(trials):
+        tmp = base / f"tmp{trial}"
+        server = Serve(work, tmp)
+        stop, results = threading.Event(), []
+        clients = [threading.Thread(target=translate_files, args=(server.url, text, stop, results)) for _ in range(4)]
+        for c in clients:
+            c.start()
+        time.sleep(rng.uniform(0.5, 8))
+        server.kill()
+        stop.set()
+        for c in clients:
+            c.join(150)
+        whole = sum(1 for kind, n in results if kind == "downloaded" and n == len(lines))
+        broken = sum(1 for kind, n in results if kind == "downloaded" and n != len(lines))
+        tally.add("PARTIAL download" if broken else "downloads all whole" if whole else "killed before any download")
+        tally.downloads += whole
+        tally.left_after_kill += sum(1 for _ in tmp.glob("nmt-serve-files-*"))
+        again = Serve(work, tmp)
+        results = []
+        stop = threading.Event()
+        stop.set()  # one round only
+        try:
+            import httpx
+
+            r = httpx.post(again.url + "/translate_file", data={"source": "en", "target": "de"},
+                           files={"file": ("in.txt", text.encode(), "text/plain")}, timeout=120)
+            ok = r.status_code == 200 and httpx.get(r.json()["translatedFileUrl"], timeout=60).content.count(
+                b"\n") == len(lines)
+        finally:
+            again.kill(signal.SIGTERM)
+        tally.reruns_failed += not ok
+        tally.left_after_rerun += sum(1 for _ in tmp.glob("nmt-serve-files-*"))
+    return tally
+
+
+def serve_disk_full(work: Path) -> Tally:
+    """/translate_file with the server's temporary folder on a full filesystem: a one-line JSON error (507)."""
+    import httpx
+
+    tally = Tally("serve-file", "disk full")
+    small = work / "small"
+    reason = mount_small(small, "2m")
+    if reason:
+        tally.notes.append(f"skipped: cannot mount a tmpfs here ({reason})")
+        return tally
+    try:
+        server = Serve(work, small)
+        fill(small, 2048)
+        text = "the cat sees the dog\n" * 2000
+        r = httpx.post(server.url + "/translate_file", data={"source": "en", "target": "de"},
+                       files={"file": ("in.txt", text.encode(), "text/plain")}, timeout=300)
+        server.kill(signal.SIGTERM)
+        stored = [p for d in small.glob("nmt-serve-files-*") for p in d.iterdir()]
+        good = r.status_code == 507 and "No space left" in r.json().get("error", "") and not stored
+        tally.add("507, one line, nothing stored" if good else "FAILED")
+        if not good:
+            tally.notes.append(f"{r.status_code} {r.text[:300]} stored={stored}")
+    finally:
+        subprocess.run(["umount", "-l", str(small)], capture_output=True)
+    return tally
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trials", type=int, default=20, help="kill -9 trials per writer")
-    ap.add_argument("--writers", nargs="+", default=None, help="only these writers (default: all)")
+    ap.add_argument("--writers", nargs="+", default=None,
+                    help="only these writers (default: all): prepare train average export-ct2 export-hf import "
+                         "push-staging serve-file")
     ap.add_argument("--seed", type=int, default=1, help="seed of the moments of the kills")
     ap.add_argument("--work", default="/tmp/nmt-faults", help="working directory (inputs are reused)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
@@ -278,10 +407,15 @@ def main() -> None:
     ws = writers(work)
     rng = random.Random(args.seed)
     rows = []
-    for name in args.writers or list(ws):
-        for tally in (kill_trials(ws[name], work, args.trials, rng), disk_full_trial(ws[name], work)):
+    for name in args.writers or [*ws, "serve-file"]:
+        if name == "serve-file":
+            tallies = (serve_trials(work, args.trials, rng), serve_disk_full(work))
+        else:
+            tallies = (kill_trials(ws[name], work, args.trials, rng), disk_full_trial(ws[name], work))
+        for tally in tallies:
             rows.append(tally)
             outcomes = ", ".join(f"{k} {n}" for k, n in sorted(tally.outcomes.items()))
+            outcomes += f"; {tally.downloads} whole downloads" if tally.downloads else ""
             print(f"{tally.writer:13s} {tally.fault:9s} trials {tally.trials:3d}  lost {tally.lost}  "
                   f"reruns failed {tally.reruns_failed}  temp left after kill {tally.left_after_kill}, "
                   f"after rerun {tally.left_after_rerun}  [{outcomes}]", flush=True)

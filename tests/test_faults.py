@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -147,6 +148,26 @@ def test_the_servers_files_and_suggestions_on_a_full_disk_keep_nothing_partial(t
         assert (small / "corrections.jsonl").read_bytes() == before
 
 
+def test_a_killed_servers_files_are_removed_by_the_next_server(tmp_path, monkeypatch):
+    """Found by bench/faults.py: each kill -9 of nmt serve left its folder of users' translated files in the
+    temporary directory for good."""
+    import tempfile
+
+    from nmt_cli.serve.files import FileStore
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = tmp_path / f"nmt-serve-files-{int(gone.stdout)}-abc"
+    alive = tmp_path / f"nmt-serve-files-{os.getpid()}-def"
+    for folder in (orphan, alive):
+        folder.mkdir()
+        (folder / "0123").write_bytes(b"a user's translated file")
+    store = FileStore(60)
+    assert not orphan.exists() and (alive / "0123").exists() and store.dir.name.startswith(f"nmt-serve-files-{os.getpid()}-")
+    store.close()
+    assert not store.dir.exists()
+
+
 # ------------------------------------------------------------------------------------ kill -9 (bench/faults.py)
 
 
@@ -169,3 +190,15 @@ def test_killed_at_random_moments_the_output_is_never_partial_and_a_rerun_finish
     faults.make_inputs(work)
     tally = faults.kill_trials(faults.writers(work)[name], work, 3, random.Random(55))
     assert tally.trials == 3 and tally.lost == 0, (tally.outcomes, tally.notes)
+
+
+@pytest.mark.slow
+def test_a_killed_server_never_gave_a_partial_file_and_starts_again(tmp_path_factory):
+    pytest.importorskip("uvicorn", reason="the serve extra is not installed")
+    import random
+
+    faults = bench_faults()
+    work = tmp_path_factory.getbasetemp() / "faults-work"
+    faults.make_inputs(work)
+    tally = faults.serve_trials(work, 2, random.Random(55))
+    assert tally.trials == 2 and tally.lost == 0 and tally.left_after_rerun == 0, (tally.outcomes, tally.notes)
