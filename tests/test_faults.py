@@ -179,17 +179,18 @@ def bench_faults():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["average", "export-ct2", "import", "push-staging", "prepare", "train"])
+@pytest.mark.parametrize("name", ["average", "export-ct2", "import", "push-staging", "prepare"])
 def test_killed_at_random_moments_the_output_is_never_partial_and_a_rerun_finishes(name, tmp_path_factory):
-    """A few kills of bench/faults.py's; its --trials 20 run gives the figures of docs/results.md#reliability."""
+    """A few kills of bench/faults.py's; its --trials 20 run gives the figures of docs/results.md#reliability.
+    (`nmt train` killed: tests/test_train.py.)"""
     pytest.importorskip("ctranslate2", reason="the export extra is not installed")
     import random
 
     faults = bench_faults()
     work = tmp_path_factory.getbasetemp() / "faults-work"
     faults.make_inputs(work)
-    tally = faults.kill_trials(faults.writers(work)[name], work, 3, random.Random(55))
-    assert tally.trials == 3 and tally.lost == 0, (tally.outcomes, tally.notes)
+    tally = faults.kill_trials(faults.writers(work)[name], work, 2, random.Random(55))
+    assert tally.trials == 2 and tally.lost == 0, (tally.outcomes, tally.notes)
 
 
 @pytest.mark.slow
