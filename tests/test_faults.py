@@ -168,6 +168,63 @@ def test_a_killed_servers_files_are_removed_by_the_next_server(tmp_path, monkeyp
     assert not store.dir.exists()
 
 
+# ------------------------------------------------------------------------------------ corrupt inputs
+
+
+def _truncate(path: Path, by: int = 3) -> None:
+    os.truncate(path, path.stat().st_size - by)
+
+
+@pytest.mark.parametrize("damage,named,words", [
+    (lambda d: _truncate(d / "train.en.idx"), "train.en.idx", "truncated"),
+    (lambda d: _truncate(d / "train.de.bin", 4), "train.de.bin", "does not match its index"),
+    (lambda d: (d / "spm.model").write_bytes(b"not a model"), "spm.model", "not a valid sentencepiece model"),
+    (lambda d: (d / "manifest.json").write_text((d / "manifest.json").read_text().replace('"vocab_size": ',
+                                                                                          '"vocab_size": 1')),
+     "manifest.json", "says vocab_size"),
+    (lambda d: (d / "manifest.json").write_text('{"format_version": 1, "src_lang": "en"'), "manifest.json",
+     "not valid JSON"),
+])
+def test_damaged_prepared_data_is_one_line_naming_the_file(toy_data_dir, damage, named, words):
+    """Found this way: a truncated .idx was numpy's ValueError, a damaged spm.model did not say which file, an
+    edited vocab_size was an IndexError deep in the embedding."""
+    from nmt_cli.data.store import ParallelData, check_vocab_size, load_manifest, read_tokenizer
+    from nmt_cli.errors import DataError
+
+    damage(toy_data_dir)
+    with pytest.raises(DataError) as exc:
+        manifest = load_manifest(toy_data_dir)
+        check_vocab_size(toy_data_dir, manifest, read_tokenizer(toy_data_dir))
+        ParallelData(toy_data_dir, "train", manifest)
+    assert str(toy_data_dir / named) in str(exc.value) and words in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_checkpoint_whose_tokenizer_is_damaged_is_one_line_naming_the_file(ckpt, tmp_path):
+    """Found this way: a bit flip in the tokenizer's record said "not a valid sentencepiece model" without the
+    checkpoint's name."""
+    import zipfile
+
+    from nmt_cli.checkpoints.format import load
+    from nmt_cli.errors import CheckpointError
+
+    data = bytearray(ckpt.read_bytes())
+    with zipfile.ZipFile(ckpt) as z:
+        records = [i for i in z.infolist() if "/data/" in i.filename]
+    spm = load(ckpt).tokenizer
+    for info in records:  # the record holding the tokenizer's bytes (after its local header: 30 bytes, name, extra)
+        at = info.header_offset
+        start = at + 30 + int.from_bytes(data[at + 26:at + 28], "little") + int.from_bytes(data[at + 28:at + 30], "little")
+        if data[start:start + info.file_size] == spm:
+            data[start:start + 64] = bytes(64)
+            break
+    else:
+        pytest.fail("no record holds the tokenizer")
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"damaged\.pt: its tokenizer is not a valid sentencepiece model"):
+        load(damaged)
+
+
 # ------------------------------------------------------------------------------------ kill -9 (bench/faults.py)
 
 
