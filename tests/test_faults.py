@@ -260,3 +260,17 @@ def test_a_killed_server_never_gave_a_partial_file_and_starts_again(tmp_path_fac
     faults.make_inputs(work)
     tally = faults.serve_trials(work, 2, random.Random(55))
     assert tally.trials == 2 and tally.lost == 0 and tally.left_after_rerun == 0, (tally.outcomes, tally.notes)
+
+
+def test_translate_to_a_full_disk_names_the_file_and_keeps_the_previous_one(ckpt, tmp_path):
+    """Found this way: `nmt translate -o` truncated the previous file at once and, when the disk filled up, left
+    part of the new one and a line without the path. The output is now written whole or not at all."""
+    (tmp_path / "in.txt").write_text("the cat sees the dog\n" * 3000)
+    with small_filesystem(tmp_path / "small", "1m") as small:
+        out = small / "out.txt"
+        out.write_text("the previous translation\n")
+        fill(small, 2048)
+        done = nmt("translate", "-m", ckpt, "-i", tmp_path / "in.txt", "-o", out, "--beam", "1", "--max-len-b", "4")
+        assert_one_line_about_the_full_disk(done, out)
+        assert "keeps its previous content" in done.stderr and out.read_text() == "the previous translation\n"
+        assert leftovers(small) == []
