@@ -15,10 +15,10 @@ to import), then for each writer:
    a small filesystem filled up so that only half of the output fits; the command must exit 1 with one line on
    stderr naming the output and "No space left on device", leave the previous output whole and no temporary file.
 
-The server's file translation (serve-file) is `nmt serve` killed while clients translate .txt files through
-/translate_file and /download_file: every download that completed must be the whole translation, and a server
-started again must answer; on a full disk (its temporary folder on the small filesystem) a /translate_file must be
-answered by a one-line JSON error, not a 500 and not a partial file.
+`nmt translate -o` is one of the writers. The server's file translation (serve-file) is `nmt serve` killed while
+clients translate .txt files through /translate_file and /download_file: every download that completed must be the
+whole translation, and a server started again must answer; on a full disk (its temporary folder on the small
+filesystem) a /translate_file must be answered by a one-line JSON error, not a 500 and not a partial file.
 
 Prints one line per writer and fault (trials, outcomes, what was lost) and, with --json, writes them.
 """
@@ -53,7 +53,8 @@ class Writer:
     name: str
     args: list[str]  # nmt's arguments; OUT stands for the output's path
     output: str  # the output's name (a file or a folder)
-    kind: str  # "checkpoint", "folder", "prepared" or "run"
+    kind: str  # "checkpoint", "files" (a folder or a text file: whole when its files and sizes are the undisturbed
+    # run's), "prepared" or "run"
     previous: bool = True  # whether a previous output may be in place (a push staging folder must be new)
 
     def argv(self, out: Path) -> list[str]:
@@ -67,11 +68,13 @@ def writers(work: Path) -> dict[str, Writer]:
         Writer("prepare", ["prepare", "sample", "-o", "OUT"], "data", "prepared", previous=False),
         Writer("train", ["train", str(work / "data"), "-o", "OUT", *tiny], "run", "run", previous=False),
         Writer("average", ["average", "--last", "3", str(run), "-o", "OUT"], "avg.pt", "checkpoint"),
-        Writer("export-ct2", ["export", "ctranslate2", ckpt, "-o", "OUT", "--force"], "ct2", "folder"),
-        Writer("export-hf", ["export", "huggingface", ckpt, "-o", "OUT", "--force"], "hf", "folder"),
+        Writer("export-ct2", ["export", "ctranslate2", ckpt, "-o", "OUT", "--force"], "ct2", "files"),
+        Writer("export-hf", ["export", "huggingface", ckpt, "-o", "OUT", "--force"], "hf", "files"),
         Writer("import", ["import", str(work / "marian"), "-o", "OUT"], "imported.pt", "checkpoint"),
+        Writer("translate", ["translate", "-m", ckpt, "-i", str(work / "data" / "raw" / "test.en"), "-o", "OUT",
+                             "--beam", "2", "--threads", "1"], "test.de", "files"),
         Writer("push-staging", ["push", ckpt, "me/model", "--huggingface", "--ctranslate2", "--dry-run", "OUT"],
-               "staged", "folder", previous=False),
+               "staged", "files", previous=False),
     ]
     return {w.name: w for w in ws}
 
@@ -117,7 +120,7 @@ def loads(w: Writer, out: Path) -> bool:
     """Whether the output is whole by its own reader."""
     code = {
         "checkpoint": "from nmt_cli.checkpoints.format import load; load(OUT)",
-        "folder": "",
+        "files": "",
         "prepared": "from nmt_cli.data.store import load_manifest; load_manifest(OUT)",
         "run": "from nmt_cli.checkpoints.format import load; import pathlib; "
                "[load(p) for p in pathlib.Path(OUT).glob('*.pt')]",
@@ -397,7 +400,7 @@ def main() -> None:
     ap.add_argument("--trials", type=int, default=20, help="kill -9 trials per writer")
     ap.add_argument("--writers", nargs="+", default=None,
                     help="only these writers (default: all): prepare train average export-ct2 export-hf import "
-                         "push-staging serve-file")
+                         "translate push-staging serve-file")
     ap.add_argument("--seed", type=int, default=1, help="seed of the moments of the kills")
     ap.add_argument("--work", default="/tmp/nmt-faults", help="working directory (inputs are reused)")
     ap.add_argument("--json", default=None, help="also write the figures to this file")
