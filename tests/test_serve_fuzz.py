@@ -73,6 +73,7 @@ def test_every_endpoint_fuzzed_from_spec_answers_as_spec_says(server, tmp_path):
          "--seed", str(SEED), "--request-timeout", "30", "--no-color"],
         capture_output=True, text=True, timeout=1200, cwd=tmp_path)
     report = done.stdout[-6000:] + done.stderr[-2000:]
+    print(next((line for line in done.stdout.splitlines() if " generated, " in line), ""))  # pytest -s shows it
     assert done.returncode == 0, report
     assert "unique failure" not in done.stdout and "passed" in done.stdout, report
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
