@@ -231,6 +231,7 @@ def test_a_checkpoint_whose_tokenizer_is_damaged_is_one_line_naming_the_file(ckp
 def bench_faults():
     spec = importlib.util.spec_from_file_location("bench_faults", ROOT / "bench" / "faults.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
