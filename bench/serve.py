@@ -7,7 +7,9 @@
    with --threads threads;
 2. a real `nmt serve` subprocess on 127.0.0.1 with the same model, options and threads;
 3. for each client count C: C concurrent clients (asyncio, keep-alive connections), each sending the next line
-   of the file, one sentence a request, until all are sent; sentences/s over the wall time, p50 and p99 request latency, failures,
+   of the file, one sentence a request, until all are sent, and one more client sending a short sentence (--short)
+   again and again meanwhile; sentences/s over the wall time, p50 and p99 request latency (and the short request's),
+   failures,
    how many answers equal the offline translation, and the server's CPU time a sentence (beside offline's: on a
    shared machine, CPU time moves less than wall time).
 4. for each C, the same decoding engine without HTTP (`nmt_cli.serve.engine.Engine` in this process, C virtual
@@ -120,8 +122,11 @@ def start_server(checkpoint: str, threads: int, options: dict, queue: int, flags
     return proc, found[0]
 
 
-async def load(url: str, lines: list[str], clients: int) -> tuple[float, list[float], list[str | None], int]:
-    """C clients over keep-alive connections, each sending the next unsent line until none is left.
+async def load(url: str, lines: list[str], clients: int, short: str | None = None
+               ) -> tuple[float, list[float], list[str | None], int, list[float]]:
+    """C clients over keep-alive connections, each sending the next unsent line until none is left; with `short`,
+    one more client meanwhile sends that line again and again (its latencies apart: a short request beside the
+    load; not counted in the answers).
 
     The load generator is a minimal HTTP/1.1 client on asyncio streams, not httpx: on this 2-core machine httpx
     costs ~4 ms of CPU a request (170-230 GET /health a second with 32 clients against ~3000 with this client),
@@ -131,8 +136,24 @@ async def load(url: str, lines: list[str], clients: int) -> tuple[float, list[fl
     where = urlsplit(url)
     answers: list[str | None] = [None] * len(lines)
     latencies: list[float] = []
+    short_latencies: list[float] = []
     failures = 0
     next_line = 0
+
+    async def ask(reader, writer, text: str) -> tuple[int, dict, float]:
+        body = json.dumps({"q": text, "source": "auto", "target": TARGET}).encode()
+        t0 = time.perf_counter()
+        writer.write(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+        status = int(head.split(b" ", 2)[1])
+        length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                      if h.lower().startswith(b"content-length:"))
+        payload = json.loads(await reader.readexactly(length))
+        if status != 200:
+            print(f"  {status}: {payload}", file=sys.stderr)
+        return status, payload, time.perf_counter() - t0
 
     async def worker():
         nonlocal next_line, failures
@@ -141,28 +162,28 @@ async def load(url: str, lines: list[str], clients: int) -> tuple[float, list[fl
             while next_line < len(lines):
                 i = next_line
                 next_line += 1
-                body = json.dumps({"q": lines[i], "source": "auto", "target": TARGET}).encode()
-                t0 = time.perf_counter()
-                writer.write(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-                await writer.drain()
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
-                status = int(head.split(b" ", 2)[1])
-                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n")
-                              if h.lower().startswith(b"content-length:"))
-                payload = json.loads(await reader.readexactly(length))
-                latencies.append(time.perf_counter() - t0)
+                status, payload, seconds = await ask(reader, writer, lines[i])
+                latencies.append(seconds)
                 if status == 200:
                     answers[i] = payload["translatedText"]
                 else:
                     failures += 1
-                    print(f"  {status}: {payload}", file=sys.stderr)
+        finally:
+            writer.close()
+
+    async def prober():
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        try:
+            while next_line < len(lines):
+                status, _, seconds = await ask(reader, writer, short)
+                if status == 200:
+                    short_latencies.append(seconds)
         finally:
             writer.close()
 
     start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(clients)))
-    return time.perf_counter() - start, latencies, answers, failures
+    await asyncio.gather(*(worker() for _ in range(clients)), *([prober()] if short else []))
+    return time.perf_counter() - start, latencies, answers, failures, short_latencies
 
 
 TARGET = "de"
@@ -257,6 +278,9 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=None, help="only the first N lines")
     ap.add_argument("--no-engine-process", action="store_true",
                     help="serve with the engine in the server's process (nmt serve --no-engine-process)")
+    ap.add_argument("--short", default="A dog runs.",
+                    help="a short request one more client sends again and again during each load run: its p50 and "
+                         "p99 latency beside the load's (short50, short99; '' for none)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="offline and server runs in turn this many times (the machine's speed drifts)")
     ap.add_argument("--soak", action="store_true", help="the server alone under --clients (default 128) for --minutes")
@@ -299,7 +323,8 @@ def main() -> None:
             base = len(lines) / seconds
             print(f"round {r}: offline (nmt translate's code, load excluded): {seconds:.2f} s, {base:.1f} "
                   f"sentences/s, {1000 * cpu / len(lines):.2f} CPU ms a sentence")
-            print(f"{'clients':>7} {'sent/s':>8} {'x offline':>9} {'p50 ms':>8} {'p99 ms':>8} {'failed':>6} "
+            print(f"{'clients':>7} {'sent/s':>8} {'x offline':>9} {'p50 ms':>8} {'p99 ms':>8} {'short50':>8} "
+                  f"{'short99':>8} {'failed':>6} "
                   f"{'= offline':>9} {'CPU ms/sent':>11}   offline, <= C sentences a batch: sent/s, CPU ms/sent; "
                   "engine alone, no HTTP: sent/s (x offline)")
             for c in a.clients:
@@ -307,15 +332,17 @@ def main() -> None:
                 # (the same continuous batching), measured right before, for comparison
                 capped, capped_cpu, _ = offline(a.checkpoint, lines, a.threads, {**options, "max_sentences": c})
                 before = cpu_seconds(proc.pid)
-                wall, lat, answers, failures = asyncio.run(load(url, lines, c))
+                wall, lat, answers, failures, short = asyncio.run(load(url, lines, c, a.short))
                 used = cpu_seconds(proc.pid) - before
                 alone = engine_alone(engine, lines, c)
                 ok = sum(1 for x in answers if x is not None)
                 same = sum(1 for x, y in zip(answers, reference, strict=True) if x == y)
                 q = statistics.quantiles(lat, n=100)
+                sq = statistics.quantiles(short, n=100) if len(short) > 1 else [float("nan")] * 99
                 ratios[c].append(ok / wall / base)
                 print(f"{c:>7} {ok / wall:>8.1f} {ok / wall / base:>9.2f} {q[49] * 1000:>8.0f} "
-                      f"{q[98] * 1000:>8.0f} {len(lines) - ok:>6} {same:>5}/{len(lines)} "
+                      f"{q[98] * 1000:>8.0f} {sq[49] * 1000:>8.0f} {sq[98] * 1000:>8.0f} {len(lines) - ok:>6} "
+                      f"{same:>5}/{len(lines)} "
                       f"{1000 * used / len(lines):>11.2f}   {len(lines) / capped:.1f}, "
                       f"{1000 * capped_cpu / len(lines):.2f}; {alone:.1f} ({alone / base:.2f})", flush=True)
         if a.rounds > 1:

@@ -148,17 +148,17 @@ def test_cached_decoding_equals_uncached_on_cuda(beam, static, no_tf32):
             assert x.score == pytest.approx(y.score, abs=1e-4)
 
 
-# attention as five operations (the default) or through SDPA (model.SDPA_DECODING)
+# attention as five operations (the default) or through SDPA (decoding.step.SDPA_DECODING)
 @pytest.mark.parametrize("variant", ["default", "sdpa"])
 @pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(beam=4, stop="top", min_len=2)])
 def test_cuda_graph_decoding_equals_eager_and_syncs_only_at_host_checks(options, variant, no_tf32, monkeypatch):
     """The steps replayed as CUDA graphs (decoding/graphs.py) give the eager static engine's hypotheses and
     scores, batches joining; every step between two host checks runs under set_sync_debug_mode("error") (any host
     sync raises); the graphs were recorded and replayed, and recording never failed."""
-    from nmt_cli import model as model_module
+    from nmt_cli.decoding import step as decoding_step
     from nmt_cli.decoding.graphs import StepGraphs
 
-    monkeypatch.setattr(model_module, "SDPA_DECODING", variant == "sdpa")
+    monkeypatch.setattr(decoding_step, "SDPA_DECODING", variant == "sdpa")
     model = _tiny_model().cuda()
     src, mask = _sources("cuda", n=24)
     cfg = SearchConfig(max_len_a=1.0, max_len_b=12, **options)

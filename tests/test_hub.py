@@ -315,3 +315,21 @@ def test_unwritable_output_fails_before_downloading(tmp_path, no_listing):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(DataError, match="afile is not a writable directory"):
         prepare(PrepareOptions("wmt16-en-ro", str(tmp_path / "afile" / "o"), cache_dir=str(tmp_path / "hub")))
+
+
+def test_named_corpora_combine_into_one_multilingual_directory(offline_cache, tmp_path):
+    """wmt14-en-de,wmt14-en-fr,wmt14-de-en: each read as it is on its own (a reverse too), one BPE, tagged sources."""
+    out = tmp_path / "data"
+    r = nmt("prepare", "wmt14-en-de,wmt14-en-fr,wmt14-de-en", "-o", out, "--vocab-size", 300, "--workers", 1,
+            env=env_for(offline_cache, tmp_path))
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / MANIFEST).read_text())
+    assert [(d["src"], d["tgt"], d["tag"], d["corpus"]) for d in m["directions"]] == [
+        ("en", "de", ">>de<<", "wmt14-en-de"), ("en", "fr", ">>fr<<", "wmt14-en-fr"),
+        ("de", "en", ">>en<<", "wmt14-de-en")]
+    assert (m["src_lang"], m["tgt_lang"]) == ("mul", "mul")
+    assert all({s: v["read"] for s, v in d["splits"].items()} == SIZES for d in m["directions"])
+    en, de = generate(SIZES, seed=3)["test"][0]
+    assert (out / "raw" / "test.de-en.de").read_text().splitlines()[0] == de
+    assert (out / "raw" / "test.de-en.en").read_text().splitlines()[0] == en
+    assert (out / "raw" / "test.en-fr.en").read_text().splitlines()[0] == en

@@ -141,6 +141,12 @@ def test_a_multi_target_model_translates_into_the_language_asked_as_transformers
     assert [ids[0] for ids in tr.encode(lines[:2], 1, "fra")] == [index[">>fra<<"]] * 2  # the tag, first
     per_line = Translator.load(multi, device="cpu", beam=1, max_len_a=0, max_len_b=60, tgt_lang="deu")
     assert per_line.translate_best([f">>fra<< {lines[0]}", lines[1]]) == [outputs["fra"][0], outputs["deu"][1]]
+    # ISO 639-1 (and 639-2/B) codes find the model's ISO 639-3 tags, on the command line and in a line's own tag
+    assert tr.translate_best(lines[:3], tgt_lang="fr") == outputs["fra"][:3]
+    assert tr.translate_best(lines[:3], tgt_lang="ger") == outputs["deu"][:3]
+    assert per_line.translate_best([f">>fr<< {lines[0]}", lines[1]]) == [outputs["fra"][0], outputs["deu"][1]]
+    with pytest.raises(ConfigError, match=r"line 1 asks for >>cs<<, which the model does not know; choose one of"):
+        tr.translate_best([f">>cs<< {lines[0]}"])
     with pytest.raises(ConfigError, match=r"needs a target language: give --tgt-lang \(choose one of deu, fra\)"):
         tr.translate_best(lines[:1])
     with pytest.raises(ConfigError, match=r"does not translate into 'cs'; choose one of deu, fra"):
@@ -151,6 +157,24 @@ def test_a_multi_target_model_translates_into_the_language_asked_as_transformers
     assert r.returncode == 0 and r.stdout.splitlines() == outputs["fra"][:5], r.stderr
     r = run_nmt(*args, input=text)
     assert r.returncode == 1 and r.stdout == "" and r.stderr.count("\n") == 1 and "deu, fra" in r.stderr, r.stderr
+
+
+def test_a_multi_target_model_from_the_hub_cache_translates_with_tgt_lang_as_transformers(tmp_path):
+    """opus-mt-en-mul-like, pulled through the real client from a cache in the hub's layout: `--tgt-lang fr` finds
+    its `>>fra<<` and the output equals transformers' `generate` on the tagged lines (beam 4)."""
+    multi = make_marian(tmp_path / "opus-mt-en-mul", steps=0, seed=5, languages=("deu", "fra"))
+    repo = "Helsinki-NLP/opus-mt-en-mul"
+    cache = tmp_path / "hub"
+    write_model_repo(cache, repo, COMMIT, folder_files(multi))
+    hf = (transformers.MarianTokenizer.from_pretrained(str(multi)),
+          transformers.MarianMTModel.from_pretrained(str(multi)).eval())
+    lines = LINES[:12]
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "NMT_CACHE": str(tmp_path / "nmt")}
+    for code, tag in (("fr", "fra"), ("deu", "deu")):
+        r = run_nmt("translate", "-m", f"hf:{repo}", "--tgt-lang", code, "--beam", "4", "--max-len-a", "0",
+                    "--max-len-b", "60", "--threads", "1", env=env, input="".join(line + "\n" for line in lines))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == _generate(*hf, [f">>{tag}<< {line}" for line in lines], 4)
 
 
 def test_hub_reference_converts_once_offline_through_the_real_client(folder, tmp_path):

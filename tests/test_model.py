@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from nmt_cli.config import PRESETS, ModelConfig, preset
 from nmt_cli.decoding import cache as cache_module
 from nmt_cli.decoding.scheduler import encode_batch
+from nmt_cli.decoding.step import attend
 from nmt_cli.errors import ConfigError
-from nmt_cli.model import Transformer, attend, sinusoidal_positions
+from nmt_cli.model import Transformer, sinusoidal_positions
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 
 V = 50
@@ -143,9 +144,10 @@ def test_beams_share_encoder_keys_and_equal_full_forward(static):
     torch.testing.assert_close(step, model(src[srows], hist[:, :5], mask[srows])[:, 4], atol=1e-5, rtol=1e-5)
 
 
-def test_joined_segments_decode_with_their_own_positions_and_sources():
+def test_joined_segments_decode_with_their_own_positions_and_sources(monkeypatch):
     """Continuous batching in the cache: a batch that joins later keeps its own positions and source (a segment
-    of its own); both batches' steps equal the full forward pass."""
+    of its own: 3 positions apart, MERGE_GAP 2); both batches' steps equal the full forward pass."""
+    monkeypatch.setattr(cache_module, "MERGE_GAP", 2)
     model = tiny_model()
     src, tgt = batch(b=4, t=6)
     src[3, 3:] = 0
@@ -166,7 +168,7 @@ def test_joined_segments_decode_with_their_own_positions_and_sources():
 
 @pytest.mark.parametrize("static", [False, True])
 def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody_reads(static):
-    """A batch that joined merges into the running one after its first step (one segment, rows right-aligned):
+    """A batch that joins merges into the running one as it joins (one segment, rows right-aligned):
     every row keeps its own positions and source (other lengths, padded), steps equal the full forward pass, and
     when the first batch's sentences leave, the columns only they read are dropped."""
     model = tiny_model()
@@ -175,10 +177,9 @@ def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody
     mask = src.eq(0)
     first = encode_batch(model, src[:2], None, static)
     _steps(model, first, tgt[:2, :3])
-    cache = first.join(encode_batch(model, src[2:, :5], mask[2:, :5], static))
-    out = model.step(torch.cat([tgt[:2, 3], tgt[2:, 0]]), cache)  # the joined batch's first step, two segments
-    cache.repeat_beams(1, newest=True)
+    cache = first.join(encode_batch(model, src[2:, :5], mask[2:, :5], static))  # 3 positions apart: merged
     assert len(cache.segments) == 1
+    model.step(torch.cat([tgt[:2, 3], tgt[2:, 0]]), cache)  # the joined batch's first step
     seg = cache.segments[0]
     assert seg.offsets == [0, 0, 3, 3] and seg.length == 4 and seg.cross.size(4) == 7  # sources padded to 7
     for i in range(1, 4):
@@ -218,7 +219,6 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
         one = slice(joining, joining + 1)
         kv_address = seg.kv.data_ptr()
         cache.join(encode_batch(model, src[one], mask[one]))
-        cache.repeat_beams(1, newest=True)
         assert len(cache.segments) == 1
         moved.append(seg.cross.data_ptr() != address)
         kv_moved.append(seg.kv.data_ptr() != kv_address)

@@ -29,7 +29,6 @@ class ScriptedCache:
 
     def __init__(self, src_ids: list[int]):
         self.rows_ = [(s, ()) for s in src_ids]
-        self.newest = len(src_ids)  # rows of the batch that joined last
 
     def rows(self) -> int:
         return len(self.rows_)
@@ -37,13 +36,11 @@ class ScriptedCache:
     def reorder(self, index: torch.Tensor, keep=None) -> None:
         self.rows_ = [self.rows_[i] for i in index.tolist()]
 
-    def repeat_beams(self, k: int, newest: bool = False) -> None:
-        first = len(self.rows_) - self.newest if newest else 0
-        self.rows_ = self.rows_[:first] + [r for r in self.rows_[first:] for _ in range(k)]
+    def repeat_beams(self, k: int) -> None:
+        self.rows_ = [r for r in self.rows_ for _ in range(k)]
 
     def join(self, other):
         self.rows_ += other.rows_
-        self.newest = len(other.rows_)
         return self
 
     def order(self, keep: list[int]) -> list[int]:
@@ -142,8 +139,8 @@ def test_stop_top_ends_a_sentence_when_its_best_candidate_ends():
         hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.5, stop=stop))[0]
         runs[stop] = (hyps[0].tokens, model.calls)
     assert runs["beam"][0] == runs["top"][0] == [B]
-    # Decoder rows: the first step decodes one row per sentence, later steps 2 (the beams): 2 vs 3 steps.
-    assert runs["top"][1] == 1 + 2 and runs["beam"][1] == 1 + 2 + 2
+    # Decoder rows: 2 a step (the beams, from the first step on): 2 vs 3 steps.
+    assert runs["top"][1] == 2 + 2 and runs["beam"][1] == 2 + 2 + 2
     # The rule is the OpenNMT-py/CTranslate2 one, not an exact bound: with a strong length penalty the longer
     # [B, B, B] wins a full beam, but "top" has stopped when [A] EOS (0.55) led at step 2.
     model = ScriptedModel(_short_vs_long(0.55))
@@ -160,7 +157,7 @@ def test_without_a_length_penalty_the_best_hypothesis_is_final_when_it_leads():
         model = ScriptedModel(GARDEN_PATH)
         hyps = beam_search(model, *_src(10), SearchConfig(beam=2, alpha=0.0, nbest=nbest))[0]
         calls[nbest] = (hyps[0].tokens, model.calls)
-    assert calls[1] == ([B], 1 + 2) and calls[2] == ([B], 1 + 2 + 2)  # two hypotheses: the second is found later
+    assert calls[1] == ([B], 2 + 2) and calls[2] == ([B], 2 + 2 + 2)  # two hypotheses: the second is found later
     # On a random tiny model, many sentences: the same best hypothesis (tokens and score) as the full rule gives,
     # in fewer decoder rows. (EOS's output bias makes sentences end at many lengths, not only at the maximum.)
     torch.manual_seed(11)
@@ -266,7 +263,6 @@ class FullCache:
 
     def __init__(self, memory: list, mask: list, tokens: list):
         self.memory, self.mask, self.tokens = memory, mask, tokens
-        self.newest = len(memory)
 
     def rows(self) -> int:
         return len(self.memory)
@@ -276,17 +272,12 @@ class FullCache:
         self.memory, self.mask = [self.memory[i] for i in index], [self.mask[i] for i in index]
         self.tokens = [list(self.tokens[i]) for i in index]
 
-    def repeat_beams(self, k: int, newest: bool = False) -> None:
-        first = self.rows() - self.newest if newest else 0
-        self.reorder(torch.tensor(list(range(first)) + [i for i in range(first, self.rows()) for _ in range(k)]))
+    def repeat_beams(self, k: int) -> None:
+        self.reorder(torch.tensor([i for i in range(self.rows()) for _ in range(k)]))
 
     def join(self, other):
         self.memory, self.mask, self.tokens = self.memory + other.memory, self.mask + other.mask, self.tokens + other.tokens
-        self.newest = other.rows()
         return self
-
-    def merges_on_join(self, beams: int) -> bool:
-        return False  # joined rows take their first step one row a sentence
 
     def order(self, keep: list[int]) -> list[int]:
         return keep[::-1]  # any order of the kept sentences must do: this one reverses them
@@ -356,7 +347,7 @@ def test_the_exact_cache_reads_no_position_it_did_not_write(beam, monkeypatch):
 
 
 def test_rows_are_padded_by_at_most_an_eighth_and_few_rows_not_at_all():
-    from nmt_cli.model import padded_rows
+    from nmt_cli.decoding.step import padded_rows
 
     assert [padded_rows(r, 32) for r in (1, 4, 12, 15)] == [1, 4, 12, 15]  # one sentence's rows: as they are
     assert padded_rows(100, 32) == 104 and padded_rows(410, 32) == 416 and padded_rows(800, 32) == 800
@@ -559,17 +550,17 @@ def test_a_search_through_the_compiled_static_step_equals_the_eager_one(beam):
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_attention_through_sdpa_gives_the_same_search(beam, static, monkeypatch):
-    """model.SDPA_DECODING (decoding's attention as one scaled_dot_product_attention call, for GPUs to measure):
+    """decoding.step.SDPA_DECODING (decoding's attention as one scaled_dot_product_attention call, for GPUs to measure):
     the same hypotheses and, to rounding, the same scores as the five-operation attention, with beams folded into
     cross-attention's queries, joined batches, and the static layout's masked columns."""
-    from nmt_cli import model as model_module
+    from nmt_cli.decoding import step as decoding_step
 
     model = tiny(seed=21)
     src, mask, _ = mixed_batch(16, seed=22)
     cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=10)
     batches = [(src[:8], mask[:8]), (src[8:], mask[8:])]
     plain = decode_batches(model, batches, cfg, static=static)
-    monkeypatch.setattr(model_module, "SDPA_DECODING", True)
+    monkeypatch.setattr(decoding_step, "SDPA_DECODING", True)
     sdpa = decode_batches(model, batches, cfg, static=static)
     for a, b in zip(sum(plain, []), sum(sdpa, []), strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
@@ -723,12 +714,54 @@ def test_the_graphed_step_gives_the_eager_outputs(options, check_every):
     assert 1 <= graphs.recorded < graphs.replayed
 
 
+def _every_tensor(*objects) -> tuple:
+    """The address, shape and strides of every tensor among `objects`' attributes (the reference for graph keys)."""
+    parts: list = []
+    for obj in objects:
+        for value in vars(obj).values():
+            if isinstance(value, torch.Tensor):
+                parts.append((value.data_ptr(), value.shape, value.stride()))
+            elif value is None:
+                parts.append(None)
+    return tuple(parts)
+
+
+@pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1)])
+def test_graph_keys_change_whenever_any_tensor_of_the_state_or_cache_does(options, monkeypatch):
+    """A graph's key is a few ints the state and the cache keep (`SearchState.key`, `Cache.key`), not a walk over
+    their attributes; keys that are equal must mean every tensor of both is the same (address, shape and strides),
+    through joins that merge and joins that do not, sentences leaving, a bucket outgrown."""
+    from nmt_cli.decoding import graphs as graphs_module
+
+    seen: dict[tuple, tuple] = {}
+    real_key = graphs_module.step_key
+
+    def checked(state, cache, cfg, search):
+        key = real_key(state, cache, cfg, search)
+        reference = _every_tensor(state, *cache.segments)
+        for obj, own in ((state, state.key()), *((seg, seg.key()) for seg in cache.segments)):
+            for name, value in vars(obj).items():  # every tensor a step may read is in its owner's key
+                if isinstance(value, torch.Tensor) and name not in ("_room", "_kv_room", "src_pad"):
+                    assert value.data_ptr() in own, f"{type(obj).__name__}.{name} is not in its key"
+        assert seen.setdefault(key, reference) == reference, "equal keys over different tensors"
+        return key
+
+    monkeypatch.setattr("nmt_cli.decoding.scheduler.step_key", checked)
+    model = tiny(seed=21)
+    src, mask, _ = mixed_batch(24, seed=22)
+    batches = [(src[i : i + 6], mask[i : i + 6]) for i in range(0, 24, 6)]
+    cfg = SearchConfig(max_len_a=1.5, max_len_b=12, **options)  # outputs past 16 positions: a bucket outgrown
+    graphs = StepGraphs("cpu")
+    decode_batches(model, batches, cfg, static=True, check_every=2, join_below=1.0, graphs=graphs)
+    assert len(seen) > 3 and graphs.replayed > graphs.recorded
+
+
 def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
     """After a step, the state holds the same tensors and the cache the same buffers (a beam reorder moves the slot
     tables in place: one graph replayed); the steps the host decides (a forced prefix token, a row at its maximum length,
     sampling, n-gram bans) are not graphed, and their outputs stay what they are without graphs."""
-    from nmt_cli.decoding.graphs import after_step, graphable, step_body, step_key
-    from nmt_cli.decoding.scheduler import algorithm
+    from nmt_cli.decoding.graphs import graphable, in_place, step_key
+    from nmt_cli.decoding.scheduler import algorithm, decode_step
 
     model = tiny(seed=3)
     src, mask, _ = mixed_batch(4, seed=4)
@@ -743,8 +776,9 @@ def test_a_graphed_step_keeps_every_address_and_the_host_decides_the_rest():
     for t in range(4):
         cache.make_room(model.config.max_positions)
         keys.append(step_key(state, cache, cfg, search))
-        step_body(model, cache, state, cfg, search)(t)
-        after_step(cache)
+        with torch.inference_mode():
+                in_place(lambda t_: decode_step(model, cache, state, cfg, search, t_), state)(torch.tensor([t]))
+        cache.advance(device=False)
     assert keys[0] == keys[1] == keys[2] == keys[3]
     assert graphable(model, cache, state, cfg, 1)
     assert not graphable(model, cache, state, cfg, min(state.max_len_host) - 1)  # EOS forced on a row

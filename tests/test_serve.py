@@ -344,9 +344,10 @@ def test_a_request_past_the_time_limit_gets_503_and_leaves_nothing_behind(ckpt, 
             assert post(s, {"q": "a cat", "source": "en", "target": "de", "sampling": True, "seed": seed,
                             "max_len_b": 2}).status_code == 200
         # nothing is left behind: no sentence queued or held by an engine process, the abandoned ones counted, and
-        # of the search groups only the one the idle worker waits on (the last seed's)
-        m = wait_for(s, lambda m: m["translated"] == 8, "the eight sentences with text translated")
-        assert (m["queued"], m["search_groups"], m["dropped"]) == (0, 1, 4)
+        # no search group (a search ends when its group has nothing left)
+        m = wait_for(s, lambda m: m["translated"] == 8 and m["search_groups"] == 0,
+                     "the eight sentences with text translated and their searches ended")
+        assert (m["queued"], m["search_groups"], m["dropped"]) == (0, 0, 4)
         assert m.get("engine_process_requests", 0) == 0
     finally:
         assert s.stop() == 0, "".join(s.log)

@@ -1,6 +1,6 @@
 """nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
 beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs twice: the
-attention as five operations (the default) and through SDPA (model.SDPA_DECODING: one kernel instead of five, not
+attention as five operations (the default) and through SDPA (decoding.step.SDPA_DECODING: one kernel instead of five, not
 yet measured). (Until 2026-11-26 beam reorders gathered the cache, in place or into spare buffers; they now move a
 slot table, decoding/cache.py: run this script on both commits to compare.)
 
@@ -20,9 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from nmt_cli import model as model_module  # noqa: E402
 from nmt_cli.config import ModelConfig  # noqa: E402
 from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
+from nmt_cli.decoding import step as decoding_step  # noqa: E402
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs  # noqa: E402
 from nmt_cli.model import Transformer, avoid_cudnn_attention  # noqa: E402
 
@@ -72,7 +72,7 @@ def main() -> None:
     outputs = {}
     for r in range(args.rounds):
         for name, options in modes.items():
-            model_module.SDPA_DECODING = name == "graphs, sdpa"  # attention: one SDPA call or five operations
+            decoding_step.SDPA_DECODING = name == "graphs, sdpa"  # attention: one SDPA call or five operations
             sync()
             start = time.perf_counter()
             found = decode_batches(model, batches, cfg, **options)
@@ -80,7 +80,7 @@ def main() -> None:
             outputs[name] = [h[0].tokens for batch in found for h in batch]
             s = time.perf_counter() - start
             print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
-    model_module.SDPA_DECODING = False
+    decoding_step.SDPA_DECODING = False
     for name, g in (("graphs", graphs), ("graphs, sdpa", sdpa)):
         print(f"  {name}: {g.recorded} recorded, {g.replayed} replayed, {g.eager} eager, broken: {g.broken}")
     for other in ("graphs, sdpa", "static", "exact (before)"):

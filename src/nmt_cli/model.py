@@ -4,11 +4,10 @@ Shapes: B batch, S source length, T target length, D d_model, H heads, K d_k = D
 Masks: `src_pad_mask` is a bool tensor [B, S], True at padding (as PyTorch's key_padding_mask).
 Post-LN by default, `LayerNorm(x + Dropout(Sublayer(x)))`; `norm_first=True` gives pre-LN with a final norm.
 
-`encode()` runs the encoder; `decode()` the decoder over whole target prefixes (training, teacher forcing);
-`step()` one new position per row against a decoder cache (`init_cache()`; nmt_cli.decoding.cache), the one
-incremental step every search runs. The step shares the sublayers' arithmetic with `decode()` and differs only in
-its attention (`attend`, over the cache); `static_step` is its part without host syncs, what `compile_step()` and
-CUDA graphs capture.
+`encode()` runs the encoder; `decode()` the decoder over whole target prefixes (training, teacher forcing).
+Decoding's incremental step (`step()`, `init_cache()`, `static_step()`) lives in nmt_cli.decoding.step, next to the
+cache whose layout it reads: this module gives it the model's parts (embeddings, projections, sublayers, norms and
+the output projection) and never reads the cache.
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from nmt_cli.config import ModelConfig
-from nmt_cli.decoding.cache import DecoderCache, Segment
+from nmt_cli.decoding import step as decoding_step
+from nmt_cli.decoding.cache import DecoderCache
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
@@ -32,58 +32,6 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return pe.float()
-
-
-def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor:
-    """softmax(q k^T / sqrt(K)) with padding masked: q [B, Tq, K], k [B, S, K] (unit last stride), pad bool [B, Tq,
-    S] or broadcastable, or [N, 1, Tq, S] over B = N x H batches (beam search's slots, decoding/cache.py), True =
-    padding -> [B, Tq, S] in k's dtype. The scale is baddbmm's alpha on CPU float32 (faster than matmul then mul_
-    on a decoding step's shapes); elsewhere q is scaled before the product, as fairseq, CTranslate2 and SDPA do, so
-    that an fp16 product cannot overflow where the scaled one fits. What `attend` uses, and what alignment.py reads."""
-    if q.dtype != k.dtype:
-        q = q.to(k.dtype)
-    if k.dtype == torch.float32 and k.device.type == "cpu":
-        scores = torch.baddbmm(_NO_BIAS, q, k.transpose(1, 2), beta=0.0, alpha=q.size(-1) ** -0.5)  # [B, Tq, S]
-    else:
-        scores = torch.bmm(q * q.size(-1) ** -0.5, k.transpose(1, 2))
-    if pad is not None:
-        grouped = scores if pad.dim() == 3 else scores.view(pad.size(0), -1, *scores.shape[1:])
-        grouped.masked_fill_(pad, float("-inf"))
-    return scores.softmax(dim=-1)
-
-
-# Decoding's attention through F.scaled_dot_product_attention (one fused kernel on a GPU, the mask included)
-# instead of five (product, scale, mask, softmax, product): a step of a 6-layer model launches 48 kernels fewer.
-# Off until a GPU has measured it (bench/tools/graph_ab.py times both); on CPU it is slower (see `attend`).
-SDPA_DECODING = False
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None, out: Tensor | None = None) -> Tensor:
-    """The attention of decoding: softmax(q k^T / sqrt(K) + mask) v on batches flattened to 3-D (batch x heads),
-    q [B, Tq, K], k/v [B, S, K] (any strides with a unit last dimension: the cache's slices are used in place), pad
-    as `attention_weights` -> [B, Tq, K] in q's dtype, computed in k's (float32 on CPU, whatever the model's);
-    written into `out` [B, Tq, K] (contiguous) when given.
-    scaled_dot_product_attention's CPU kernels are built for long queries: for Tq ~ 1 the flash kernel spends a
-    third of decoding time in per-block overhead and the math kernel copies q, k and v to float32 first; and the
-    CPU's bf16 batched products over strided cache slices are slower than float32 ones. With SDPA_DECODING it goes through SDPA all the same (4-D, as its fused kernels want)."""
-    if SDPA_DECODING:
-        groups = 1 if pad is None or pad.dim() == 3 else pad.size(0)  # [1 or N, B / N, ...] as SDPA's 4-D
-        mask = None if pad is None else ~(pad.unsqueeze(0) if pad.dim() == 3 else pad)  # True = attend
-        q, k, v = (x.unflatten(0, (groups, -1)) for x in (q, k, v))
-        res = F.scaled_dot_product_attention(q.to(k.dtype), k, v, attn_mask=mask).flatten(0, 1)
-        if out is not None:
-            return out.copy_(res)
-        return res if res.dtype == q.dtype else res.to(q.dtype)
-    weights = attention_weights(q, k, pad)
-    if out is not None and out.dtype == v.dtype and not torch.is_grad_enabled():
-        return torch.bmm(weights, v, out=out)
-    res = torch.bmm(weights, v)
-    if out is not None:
-        return out.copy_(res)
-    return res if res.dtype == q.dtype else res.to(q.dtype)
-
-
-_NO_BIAS = torch.zeros(1, 1, 1)  # baddbmm's `input` with beta=0: ignored, but it must broadcast (CPU, float32)
 
 
 def avoid_cudnn_attention() -> None:
@@ -98,13 +46,6 @@ def avoid_cudnn_attention() -> None:
 def _attn_mask(pad_mask: Tensor | None) -> Tensor | None:
     """[B, S] True-at-padding -> [B, 1, 1, S] True-where-attending, as scaled_dot_product_attention wants."""
     return None if pad_mask is None else ~pad_mask[:, None, None, :]
-
-
-def padded_rows(rows: int, multiple: int) -> int:
-    """`rows` rounded up to a multiple of `multiple`, or of rows / 8 rounded down to a power of two where that is
-    smaller: at most 1/8 more rows (one sentence's few rows stay as they are), and a few shapes per octave."""
-    step = min(multiple, 1 << max(0, rows.bit_length() - 4))
-    return -(-rows // step) * step
 
 
 class MultiHeadAttention(nn.Module):
@@ -153,61 +94,6 @@ class MultiHeadAttention(nn.Module):
         )  # [B, H, T, K]
         b, _, t, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, self.h * self.d_k))
-
-    def step_self(self, x: Tensor, layer: int, segments: list[Segment], masks: list[Tensor | None]) -> Tensor:
-        """Self-attention of one new position per row, x [R', D] -> [R', D]: the new keys and values are written
-        into each segment's cache at its position (each row into its slot), and every row attends over its
-        sentence's window, all slots, those not its ancestor's masked (see cache.py).
-        Rows past the segments' (R' > R: `Transformer.row_multiple`) are padding: their output is 0."""
-        qkv = self.qkv_proj.forward(x)  # [R', 3D]
-        out = _per_segment(qkv, x, segments, lambda i, seg, part, o: self._attend_self(part, layer, seg, masks[i], o))
-        return self.out_proj.forward(out)
-
-    def _attend_self(self, qkv: Tensor, layer: int, seg: Segment, mask: Tensor | None, out: Tensor) -> None:
-        d, n, beams, h, d_k = qkv.size(1) // 3, seg.sentences, seg.beams, self.h, self.d_k
-        kv = seg.kv[layer]  # [2, N, H, C, B, K]
-        seg.write(layer, qkv[:, d:].view(n, beams, 2, h, d_k).permute(2, 0, 3, 1, 4).to(kv.dtype))
-        w = seg.window  # attention over [N x H] batches of a sentence's [w x B] keys (views of the cache)
-        k, v = kv[0, :, :, :w].reshape(n * h, w * beams, d_k), kv[1, :, :, :w].reshape(n * h, w * beams, d_k)
-        if beams == 1:  # [N, H, 1, K] is already the rows' layout
-            attend(qkv[:, :d].reshape(n * h, 1, d_k), k, v, mask, out.view(n * h, 1, d_k))
-            return
-        q = qkv[:, :d].reshape(n, beams, h, d_k).transpose(1, 2).reshape(n * h, beams, d_k)
-        out.view(n, beams, h, d_k).copy_(attend(q, k, v, mask).view(n, h, beams, d_k).transpose(1, 2))
-
-    def step_cross(self, x: Tensor, layer: int, segments: list[Segment]) -> Tensor:
-        """Encoder-decoder attention of one new position per row, x [R', D] -> [R', D], against each segment's
-        per-sentence keys and values (a sentence's beams folded into the query dimension); padding rows as
-        `step_self`."""
-        q = self.q_proj.forward(x)
-        out = _per_segment(q, x, segments, lambda i, seg, part, o: self._attend_cross(part, layer, seg, o))
-        return self.out_proj.forward(out)
-
-    def _attend_cross(self, q: Tensor, layer: int, seg: Segment, out: Tensor) -> None:
-        rows, d = q.shape
-        _, _, n, _, s, _ = seg.cross.shape
-        beams, b = rows // n, n * self.h
-        q = q.view(n, beams, self.h, self.d_k).transpose(1, 2).reshape(b, beams, self.d_k)
-        k, v = seg.cross[layer, 0].reshape(b, s, self.d_k), seg.cross[layer, 1].reshape(b, s, self.d_k)
-        if beams == 1:  # [N, H, 1, K] is already the rows' layout
-            attend(q, k, v, seg.pad, out.view(b, 1, self.d_k))
-        else:
-            out.view(n, beams, self.h, self.d_k).copy_(attend(q, k, v, seg.pad).view(n, self.h, beams,
-                                                                                    self.d_k).transpose(1, 2))
-
-
-def _per_segment(inputs: Tensor, x: Tensor, segments: list[Segment], attend_segment) -> Tensor:
-    """A decoding step's attention, segment by segment: `attend_segment(i, segment, its rows of inputs, its rows of
-    the output)` writes each segment's rows into one buffer like x [R', D], zero past the segments' rows."""
-    out = torch.empty_like(x)
-    first = 0
-    for i, seg in enumerate(segments):
-        attend_segment(i, seg, inputs.narrow(0, first, seg.rows), out.narrow(0, first, seg.rows))
-        first += seg.rows
-    if first < x.size(0):
-        out[first:].zero_()
-    return out
-
 
 ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU, "swish": nn.SiLU}
 
@@ -294,14 +180,6 @@ class DecoderLayer(nn.Module):
         x = self.sub2(x, lambda y: self.cross_attn(y, mask=memory_mask, memory=memory))
         return self.sub3(x, self.ffn)
 
-    def step(self, x: Tensor, layer: int, segments: list[Segment], masks: list[Tensor | None]) -> Tensor:
-        """One new position per row, x [R, D] -> [R, D], against the cache: forward()'s sublayers, with the
-        attention of decoding (cache.py). Submodules' `forward` is called directly (no module calls, no hooks)."""
-        x = self.sub1.forward(x, lambda y: self.self_attn.step_self(y, layer, segments, masks))
-        x = self.sub2.forward(x, lambda y: self.cross_attn.step_cross(y, layer, segments))
-        return self.sub3.forward(x, self.ffn.forward)
-
-
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection."""
 
@@ -355,53 +233,30 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def init_cache(self, memory: Tensor, src_pad_mask: Tensor | None = None, static: bool = False) -> DecoderCache:
-        """A decoder cache for memory [N, S, D]: every layer's encoder-decoder keys and values, projected once into
-        one [L, 2, N, H, S, K] tensor (float32 on CPU, where decoding attention runs in float32). `static`: the
-        layout for compiled steps and CUDA graphs (cache.py)."""
-        cross = [torch.stack(layer.cross_attn.project_kv(memory)) for layer in self.decoder_layers]  # [2, N, H, S, K]
-        cross = torch.stack(cross)
-        if memory.device.type == "cpu":
-            cross = cross.float()
-        return DecoderCache([Segment(cross, src_pad_mask, static)])
+        """A decoder cache for memory [N, S, D] (nmt_cli.decoding.step.init_cache)."""
+        return decoding_step.init_cache(self, memory, src_pad_mask, static)
 
     def decode(self, tgt: Tensor, memory: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         """Next-token logits [B, T, V] at every position of target prefixes `tgt` [B, T] (starting with BOS), for
         the encoder output `memory` [B, S, D] (teacher forcing, causal masking)."""
-        x = self._embed(tgt, getattr(self, "tgt_embed", self.embed))
+        x = self._embed(tgt, self.target_embedding())
         mask = _attn_mask(src_pad_mask)
         for layer in self.decoder_layers:
             x = layer(x, memory, mask)
-        return self._output(self.decoder_norm(x))  # [B, T, V]
+        return self.output(self.decoder_norm(x))  # [B, T, V]
 
     def step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
-        """Logits [R, V] of the next token after `tokens` [R] (each row's last token), extending `cache` by one
-        position: the host's part (room in the cache, the position limit, lengths) around `static_step`."""
-        cache.make_room(self.config.max_positions)
-        logits = self.step_fn(tokens, cache)
-        cache.advance()
-        return logits
+        """Logits [R, V] of the next token after `tokens` [R], extending `cache` by one position
+        (nmt_cli.decoding.step.step)."""
+        return decoding_step.step(self, tokens, cache)
 
     def static_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
-        """The decoding step proper: tokens [R] -> logits [R, V], writing the new keys and values into the cache by
-        index. It reads tensors and bucket-level ints only, with no host sync, so `torch.compile(fullgraph=True)`
-        traces it whole (`compile_step`) and a CUDA graph can capture it."""
-        segments = cache.segments
-        embedding = getattr(self, "tgt_embed", self.embed)
-        if len(segments) == 1:
-            positions = self.positions.index_select(0, segments[0].positions())  # [1, D] or [R, D]
-        else:
-            positions = torch.cat([self.positions.index_select(0, s.positions()).expand(s.rows, -1)
-                                   for s in segments])
-        x = embedding.forward(tokens) * self.embed_scale + positions.to(embedding.weight.dtype)  # [R, D]
-        rows = x.size(0)
-        padded = padded_rows(rows, self.row_multiple)
-        if padded != rows:  # rows of zeros, so that the products see few shapes
-            x = F.pad(x, (0, 0, 0, padded - rows))
-        masks = [s.self_mask() for s in segments]
-        for i, layer in enumerate(self.decoder_layers):
-            x = layer.step(x, i, segments, masks)
-        logits = self._output(self.decoder_norm.forward(x))
-        return logits if padded == rows else logits[:rows]
+        """The step proper, with no host sync (nmt_cli.decoding.step.static_step): what `compile_step` and CUDA
+        graphs capture."""
+        return decoding_step.static_step(self, tokens, cache)
+
+    def target_embedding(self) -> nn.Embedding:
+        return getattr(self, "tgt_embed", self.embed)
 
     @property
     def step_fn(self):
@@ -418,7 +273,7 @@ class Transformer(nn.Module):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self.__dict__["_compiled_step"] = torch.compile(self.static_step, fullgraph=True, dynamic=False, **options)
 
-    def _output(self, x: Tensor) -> Tensor:
+    def output(self, x: Tensor) -> Tensor:
         """The output projection: [..., D] -> logits [..., V]."""
         if self.output_layer is not None:
             return self.output_layer.forward(x)

@@ -22,7 +22,9 @@ _HELP = (
     "sentencepiece BPE, encode it on all cores and binarize it into OUT_DIR with a manifest.\n\n"
     "NAME is a known corpus (nmt prepare --list: wmt14-en-de, wmt14-en-fr, wmt16-en-ro, wmt17-en-de, "
     "iwslt17-de-en, their reverses, sample) or 'custom' with your own files: --train, --valid and --test PREFIX "
-    "read PREFIX.<src-lang> and PREFIX.<tgt-lang>. Hub corpora are pinned to a revision and cached where "
+    "read PREFIX.<src-lang> and PREFIX.<tgt-lang>. Several directions make the data of one multilingual model: "
+    "named corpora joined by commas (wmt14-en-de,wmt14-en-fr) or custom --pairs en-de,en-fr; one BPE model over "
+    "all languages, learned on a sample balanced across them (temperature 5). Hub corpora are pinned to a revision and cached where "
     "huggingface_hub caches (HF_HUB_CACHE, HF_HOME); a cached file is checked before use. Running again with the "
     "same options reuses the finished steps; --force redoes them."
 )
@@ -38,6 +40,9 @@ Examples:
   nmt prepare custom --src-lang en --tgt-lang de --train med/train \\
       --valid med/valid -o data/med \\
       --tokenizer-from hf:Helsinki-NLP/opus-mt-en-de  # to fine-tune it
+  nmt prepare custom --pairs en-de,en-fr,en-cs --train multi30k/train \\
+      --valid multi30k/valid -o data/multi    # one model, three targets
+  nmt prepare wmt14-en-de,wmt14-en-fr -o data/en-defr
   nmt prepare --list
 """
 _DATA, _CLEAN = "Input", "Cleaning and BPE"
@@ -46,7 +51,8 @@ _DATA, _CLEAN = "Input", "Cleaning and BPE"
 def register(app: typer.Typer) -> None:
     @app.command("prepare", short_help=_SUMMARY, help=_HELP, epilog=_EPILOG,
                  cls=usage("NAME -o OUT_DIR [OPTIONS]",
-                           "custom --src-lang LANG --tgt-lang LANG --train PREFIX -o OUT_DIR [OPTIONS]", "--list"))
+                           "custom --src-lang LANG --tgt-lang LANG --train PREFIX -o OUT_DIR [OPTIONS]",
+                           "custom --pairs PAIRS --train PREFIX -o OUT_DIR [OPTIONS]", "--list"))
     def prepare(
         name: str = typer.Argument(None, metavar="NAME", help="Corpus name (see --list) or custom."),
         out_dir: str = typer.Option(None, "-o", "--out", "--output", metavar="OUT_DIR",
@@ -57,6 +63,10 @@ def register(app: typer.Typer) -> None:
                                      help="Source language code (custom; or pick a direction of a named corpus)."),
         tgt_lang: str = typer.Option(None, "--tgt-lang", metavar="LANG", rich_help_panel=_DATA,
                                      help="Target language code."),
+        pairs: str = typer.Option(None, "--pairs", metavar="PAIRS", rich_help_panel=_DATA,
+                                  help="custom: several directions SRC-TGT,SRC-TGT into one data directory, for one multilingual "
+                                       "model (e.g. en-de,en-fr: PREFIX.en, PREFIX.de, PREFIX.fr); with several "
+                                       "targets each source starts with its target's >>xx<< tag."),
         train: str = typer.Option(None, "--train", metavar="PREFIX", rich_help_panel=_DATA,
                                   help="Training files: PREFIX.<src-lang> and PREFIX.<tgt-lang>."),
         valid: str = typer.Option(None, "--valid", metavar="PREFIX", rich_help_panel=_DATA,
@@ -104,7 +114,7 @@ def register(app: typer.Typer) -> None:
         from nmt_cli.data.prepare import prepare as run
 
         opts = PrepareOptions(
-            corpus=name, out_dir=out_dir, src_lang=src_lang, tgt_lang=tgt_lang, train=train, valid=valid,
+            corpus=name, out_dir=out_dir, src_lang=src_lang, tgt_lang=tgt_lang, pairs=pairs, train=train, valid=valid,
             test=test, from_dir=from_dir, reverse=reverse, vocab_size=vocab_size, tokenizer_from=tokenizer_from,
             max_len=max_len, ratio=ratio,
             normalize_punct=normalize_punct, bpe_sample=bpe_sample, workers=workers, errors=errors.value, force=force,
@@ -208,6 +218,9 @@ def _print_summary(result) -> None:
 
     m = result.manifest
     console = Console(stderr=True)
+    if "directions" in m:
+        _print_directions(console, result)
+        return
     table = Table(title=f"{m['corpus']} ({m['src_lang']} -> {m['tgt_lang']}), vocabulary {m['vocab_size']}")
     for col in ("split", "read", "kept", "empty", "too long", "ratio", "src tokens", "tgt tokens"):
         table.add_column(col, justify="right" if col != "split" else "left")
@@ -215,6 +228,25 @@ def _print_summary(result) -> None:
         d = s["dropped"]
         table.add_row(split, f"{s['read']:,}", f"{s['kept']:,}", f"{d['empty']:,}", f"{d['too_long']:,}",
                       f"{d['ratio']:,}", f"{s['src_tokens']:,}", f"{s['tgt_tokens']:,}")
+    console.print(table)
+    reused = f"; reused: {', '.join(result.reused)}" if result.reused else ""
+    console.print(f"wrote {result.out_dir} in {result.timings['total']:.1f}s{reused}")
+
+
+def _print_directions(console, result) -> None:
+    """A multilingual data directory: one line per direction and split."""
+    from rich.table import Table
+
+    m = result.manifest
+    tags = ", ".join((m.get("tags") or {}).get("tags", {}).values()) or "none (one target language)"
+    table = Table(title=f"{len(m['directions'])} directions, vocabulary {m['vocab_size']}, tags {tags}")
+    for col in ("direction", "split", "read", "kept", "empty", "too long", "ratio", "src tokens", "tgt tokens"):
+        table.add_column(col, justify="left" if col in ("direction", "split") else "right")
+    for d in m["directions"]:
+        for split, s in d["splits"].items():
+            dr = s["dropped"]
+            table.add_row(f"{d['src']}-{d['tgt']}", split, f"{s['read']:,}", f"{s['kept']:,}", f"{dr['empty']:,}",
+                          f"{dr['too_long']:,}", f"{dr['ratio']:,}", f"{s['src_tokens']:,}", f"{s['tgt_tokens']:,}")
     console.print(table)
     reused = f"; reused: {', '.join(result.reused)}" if result.reused else ""
     console.print(f"wrote {result.out_dir} in {result.timings['total']:.1f}s{reused}")

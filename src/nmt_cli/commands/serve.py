@@ -12,7 +12,7 @@ from nmt_cli.commands.translate import Device as DeviceChoice
 
 _SUMMARY = "Serve translation over HTTP (LibreTranslate's API)"
 _HELP = (
-    "Serve one model per language pair over HTTP: LibreTranslate's API (POST /translate, /detect, /translate_file, "
+    "Serve one model per language pair (a multilingual model: each of its directions) over HTTP: LibreTranslate's API (POST /translate, /detect, /translate_file, "
     "/suggest, GET /languages, /spec), so its clients work unchanged, a web page at /, and nmt's decoding options "
     "per request, GET /health and GET /info. Sentences of "
     "concurrent requests share the decoder's batches; each response returns as soon as its own sentences are done.\n\n"
@@ -28,6 +28,8 @@ Examples:
   nmt serve -m en-de.pt -m de-en.pt --host 0.0.0.0 --api-keys keys.txt
   nmt serve -m en-de.pt --suggestions fixes.jsonl  # the web page is at /
   nmt serve -m model.pt --langs en-de --precision int8 --threads 4
+  nmt serve -m runs/multi/averaged.pt -m de-en.pt  # en->de,fr,cs and de->en
+  nmt serve -m hf:Helsinki-NLP/opus-mt-en-ROMANCE --langs en-mul
 """
 _SERVER = "Server"
 
@@ -43,7 +45,8 @@ def register(app: typer.Typer) -> None:
         langs: list[str] = typer.Option(
             None, "--langs", metavar="SRC-TGT",
             help="The language pair of each -m, in order (e.g. en-de); needed for a checkpoint that does not "
-                 "record its languages, and overrides one that does.",
+                 "record its languages, and overrides one that does. A multilingual model: SRC-mul serves every "
+                 "target it knows, SRC-TGT that one.",
         ),
         host: str = typer.Option("127.0.0.1", "--host", rich_help_panel=_SERVER,
                                  help="Address to listen on (0.0.0.0: every interface)."),
@@ -118,7 +121,7 @@ def register(app: typer.Typer) -> None:
         from nmt_cli.inference import translate as core
         from nmt_cli.runtime import cpus
         from nmt_cli.serve.engine import Engine
-        from nmt_cli.serve.service import Limits, Model, Service
+        from nmt_cli.serve.service import Limits, Model, Service, directions
 
         if langs and len(langs) != len(models):
             raise usage_error(f"--langs given {len(langs)} time(s) for {len(models)} -m; give one pair per model")
@@ -142,21 +145,25 @@ def register(app: typer.Typer) -> None:
         loaded, seen = [], {}
         for name, pair in zip(models, pairs, strict=True):
             ckpts = core.load_checkpoints([name], note=note_line)
-            if pair is None:
-                src, tgt = ckpts[0].langs.get("src"), ckpts[0].langs.get("tgt")
-                if not (src and tgt):
-                    raise ConfigError(f"{name} does not record its languages; say them with --langs SRC-TGT "
-                                      "(e.g. --langs en-de)")
-                pair = (src, tgt)
-            if pair in seen:
-                raise ConfigError(f"{seen[pair]} and {name} both translate {pair[0]}-{pair[1]}; serve one model "
-                                  "per language pair")
-            seen[pair] = name
             translator = core.Translator(ckpts, device.value, precision.value,
                                          core.TranslateConfig.from_options(**options), core.Warner(warning_line))
+            served = directions(ckpts[0].langs, translator.tokenizer.languages, pair)
+            if not served:
+                raise ConfigError(f"{name} does not record its languages; say them with --langs SRC-TGT "
+                                  "(e.g. --langs en-de; a multilingual model: --langs en-mul)")
+            label = f"{served[0][0]}-{served[0][1]}" if len(served) == 1 else name
             if translator.max_tokens_reason is not None:
-                note_line(f"{pair[0]}-{pair[1]}: --max-tokens auto: {translator.max_tokens_reason}")
-            loaded.append((name, pair, translator))
+                note_line(f"{label}: --max-tokens auto: {translator.max_tokens_reason}")
+            mine = []
+            for src, tgt, tag in served:
+                other = seen.get((src, tgt))
+                if other is not None and (other[1] is None) == (tag is None):
+                    raise ConfigError(f"{other[0]} and {name} both translate {src}-{tgt}; serve one model per "
+                                      "language pair (a multilingual model's direction yields to a bilingual one)")
+                if other is None or tag is None:  # a bilingual model takes its pair from a multilingual one
+                    seen[(src, tgt)] = (name, tag)
+                    mine.append((src, tgt, tag))
+            loaded.append((name, mine, translator))
         if sampler is not None and all(t.device.type == "cpu" for _, _, t in loaded):
             choice = sampler.threads()
             core.set_threads(choice.threads)
@@ -175,20 +182,23 @@ def register(app: typer.Typer) -> None:
             if streams == 1:
                 core.set_threads(decoding)
 
-        def engine(name: str, src: str, tgt: str, tr: core.Translator):
+        def engine(name: str, label: str, tr: core.Translator):
             if not processes:
-                return Engine(tr, queue_size, f"nmt-{src}-{tgt}")
+                return Engine(tr, queue_size, f"nmt-{label}")
             from nmt_cli.serve.remote import EnginePool, RemoteEngine
 
             spec = dict(model=name, device=device.value, precision=precision.value,
                         config=core.TranslateConfig.from_options(**options), threads=decoding)
-            engines = [RemoteEngine(tr, spec, queue_size, f"nmt-{src}-{tgt}-{i}") for i in range(streams)]
+            engines = [RemoteEngine(tr, spec, queue_size, f"nmt-{label}-{i}") for i in range(streams)]
             return engines[0] if streams == 1 else EnginePool(engines, queue_size)
 
-        service = Service([Model(name, src, tgt, engine(name, src, tgt, tr)) for name, (src, tgt), tr in loaded],
-                          limits, keys, precision.value, threads, suggestions)
+        served_models = []
+        for name, mine, tr in loaded:  # one engine a model, shared by a multilingual model's directions
+            shared = engine(name, f"{mine[0][0]}-{mine[0][1]}" if len(mine) == 1 else "multi", tr) if mine else None
+            served_models += [Model(name, src, tgt, shared, tag) for src, tgt, tag in mine]
+        service = Service(served_models, limits, keys, precision.value, threads, suggestions)
         for (src, tgt), m in sorted(service.models.items()):
-            note_line(f"{src}-{tgt}: {m.name}")
+            note_line(f"{src}-{tgt}: {m.name}" + (f" (>>{m.tag}<<)" if m.tag else ""))
         status = web.run(service, host, port, access_log)
         raise typer.Exit(status)
 
@@ -197,7 +207,7 @@ def _pair(text: str) -> tuple[str, str]:
     from nmt_cli.commands.messages import usage_error
 
     parts = text.split("-")
-    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1] or parts[0] == "mul":
         raise usage_error(f"--langs {text!r}: give SRC-TGT, two different language codes (e.g. en-de)")
     return parts[0], parts[1]
 

@@ -121,6 +121,11 @@ def register(app: typer.Typer) -> None:
                                         show_default="at every checkpoint", help="Validate every N updates."),
         valid_bleu: bool = typer.Option(False, "--valid-bleu", rich_help_panel=_VALID,
                                         help="Also compute validation BLEU (beam search); best = highest BLEU."),
+        lang_temperature: float = typer.Option(
+            5.0, "--lang-temperature", min=0.01, metavar="T", rich_help_panel=_RECIPE,
+            help="Multilingual data: each direction's share of the training pairs by its size to the power 1/T (1: "
+                 "as the data is; higher: more even; 5 as M2M-100 and Arivazhagan et al. 2019). The smaller "
+                 "directions are repeated, the larger never cut."),
         valid_beam: int = typer.Option(defaults.BEAM, "--valid-beam", min=1, metavar="N", rich_help_panel=_VALID,
                                        help="Beam size for --valid-bleu."),
         lr: float = typer.Option(None, "--lr", min=0.0, metavar="LR", rich_help_panel=_RECIPE,
@@ -203,7 +208,7 @@ def register(app: typer.Typer) -> None:
             max_steps=max_steps, max_epochs=max_epochs, max_time=max_time, patience=patience,
             save_every=save_every, save_every_minutes=save_every_minutes, keep_last=keep_last,
             average_last=average_last, average=average, resume=resume, valid_every=valid_every, valid_bleu=valid_bleu,
-            valid_beam=valid_beam, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
+            valid_beam=valid_beam, lang_temperature=lang_temperature, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
             compile=compile, compile_shapes=compile_shapes.value, seed=seed, log_every=log_every,
             dist_timeout=dist_timeout,
         )
@@ -297,6 +302,8 @@ def _fmt_valid(e: dict) -> str:
     text = f"valid_nll {e['valid_nll']:.4f}  valid_ppl {e['valid_ppl']:.2f}  valid_loss {e['valid_loss']:.4f}"
     if e.get("valid_bleu") is not None:
         text += f"  valid_bleu {e['valid_bleu']:.2f}"
+    for key, d in (e.get("directions") or {}).items():  # a multilingual run: the figures above are the means
+        text += f"  | {key} nll {d['valid_nll']:.4f}" + (f" bleu {d['valid_bleu']:.2f}" if "valid_bleu" in d else "")
     return text + (f"  (best {e['criterion']} so far)" if e.get("improved") else "")
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.checkpoints import atomic
-from nmt_cli.data import corpora, readers
+from nmt_cli.data import corpora, multilingual, readers
 from nmt_cli.data import sample_corpus as sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
 from nmt_cli.data.corpora import Progress
@@ -51,6 +51,7 @@ class PrepareOptions:
     out_dir: str
     src_lang: str | None = None
     tgt_lang: str | None = None
+    pairs: str | None = None  # custom data of several directions, "en-de,en-fr" (data/multilingual.py)
     train: str | None = None
     valid: str | None = None
     test: str | None = None
@@ -357,6 +358,8 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None, warn: Warn |
     clock = _Clock()
     out = Path(opts.out_dir)
     _check_out_dir(out)
+    if multilingual.is_multilingual(opts):
+        return _prepare_many(opts, out, progress, warn or _warn_stderr, clock)
     plan = _plan(opts, progress, warn or _warn_stderr)
     clock.lap("download")
 
@@ -509,3 +512,72 @@ def _manifest(opts: PrepareOptions, plan: _Plan, tok: Tokenizer, out: Path, resu
                      "python": platform.python_version(), "sample": sample.SAMPLE_VERSION},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def _prepare_many(opts: PrepareOptions, out: Path, progress: Progress | None, warn: Warn,
+                  clock: _Clock) -> PrepareResult:
+    """Several directions into one data directory (data/multilingual.py): the same checks, reuse and atomic
+    files as one direction, one BPE model for all, the directions one after the other in each split."""
+    directions = multilingual.plan_directions(opts, _plan, progress, warn)
+    clock.lap("download")
+    totals: dict[str, dict[str, int]] = {}
+    for d in directions:
+        totals[d.key] = {}
+        for split, source in d.sources.items():
+            if progress:
+                progress(f"count {split} {d.key}", 0, None)
+            totals[d.key][split] = n = source.count()
+            if n == 0 and split in ("train", *_EMPTY_FIX):
+                fix = _EMPTY_FIX.get(split, "pass a non-empty --train corpus")
+                raise DataError(f"the {split} data of {d.name} is empty ({_where(source)}); {fix}")
+    if any("valid" not in d.sources for d in directions):
+        raise DataError("every direction needs a valid split (nmt train validates each direction on its own)")
+    clock.lap("check")
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the data directory {out}: {exc.strerror or exc}; pick another -o") from None
+    try:
+        (out / MANIFEST).unlink(missing_ok=True)
+        stamps = _Stamps(out, opts.force)
+        workers = opts.workers or cpus.default_threads().threads
+        reused: list[str] = []
+        tok = multilingual.learn_bpe(opts, directions, totals, out, stamps, workers, _digest, progress, reused)
+        clock.lap("bpe")
+        cfg = CleanConfig(opts.max_len, opts.ratio, opts.normalize_punct)
+        spm_sha = hashlib.sha256(tok.model_bytes).hexdigest()
+        results = {}
+        for split in corpora.SPLITS:
+            if not any(split in d.sources for d in directions):
+                continue
+            key = _digest({"v": FORMAT_VERSION, "spm": spm_sha, "norm": opts.normalize_punct, "errors": opts.errors,
+                           "clean": asdict(cfg) if split == "train" else None,
+                           "inputs": [[d.key, d.tag, d.sources[split].fingerprint()] for d in directions
+                                      if split in d.sources]})
+            stamp = stamps.get(f"encode-{split}", key, multilingual.split_files(out, split, directions))
+            if stamp:
+                reused.append(f"encode {split}")
+            else:
+                stamps.drop(f"encode-{split}")
+                stamp = {"directions": multilingual.encode_split(split, directions, tok, out, cfg,
+                                                                 opts.normalize_punct, workers, opts.chunk_size,
+                                                                 totals, progress)}
+                stamps.put(f"encode-{split}", key, stamp)
+            results[split] = stamp["directions"]
+            clock.lap(f"encode {split}")
+        plan = _Plan(opts.corpus, ("src", "tgt"), "src", "tgt", opts.vocab_size or max(d.vocab_size for d in directions),
+                     min(d.coverage for d in directions), opts.bpe_sample or max(d.bpe_sample for d in directions), {})
+        manifest = _manifest(opts, plan, tok, out, {})
+        manifest.update(multilingual.manifest_fields(directions, results))
+        manifest["checksums"] = multilingual.checksums(out, results, directions)
+        manifest["inputs"] = {split: {k: v for r in per.values() for k, v in r["inputs"].items()}
+                              for split, per in results.items()}
+        manifest["origin"] = {"kind": "directions"}
+        manifest["options"]["temperature"] = multilingual.TEMPERATURE
+        multilingual.write_manifest(out, manifest)
+    except BaseException:
+        _remove_empty_dirs(out, created)
+        raise
+    clock.total()
+    return PrepareResult(out, manifest, reused, clock.wall, clock.cpu)

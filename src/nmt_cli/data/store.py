@@ -5,6 +5,9 @@ Layout of a prepared data directory (written by `nmt prepare`):
   spm.model                the joint sentencepiece model (bytes also stored in every checkpoint)
   {split}.{lang}.bin       all token ids of a split/side back to back (uint16 when the vocabulary fits, else int32)
   {split}.{lang}.idx       int64 offsets, n + 1 of them: sentence i is bin[idx[i]:idx[i + 1]]
+A multilingual directory (data/multilingual.py) has {split}.src and {split}.tgt instead (manifest "sides"): every
+direction's pairs one after the other, each source starting with its target's `>>xx<<` tag, and the manifest's
+"directions" say where each direction's rows start.
 Ids on disk carry no BOS/EOS; `collate` adds them.
 Files are written to a temporary name and renamed when complete, so a later run never trusts a half-written file.
 """
@@ -155,6 +158,7 @@ class ParallelData:
         if split not in self.manifest.get("splits", {}):
             raise DataError(f"{data_dir} has no '{split}' split; it has {sorted(self.manifest.get('splits', {}))}")
         dtype = dtype_for(int(self.manifest["vocab_size"]))
+        src, tgt = self.manifest.get("sides", (src, tgt))  # a multilingual directory's files: {split}.src/.tgt
         self.src = IndexedArray(Path(data_dir) / f"{split}.{src}", dtype)
         self.tgt = IndexedArray(Path(data_dir) / f"{split}.{tgt}", dtype)
         if len(self.src) != len(self.tgt):
@@ -167,6 +171,15 @@ class ParallelData:
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         return self.src[i], self.tgt[i]
 
+    def directions(self, split: str) -> dict[str, Rows]:
+        """A multilingual directory's split, per direction ("en-de": its rows); {} for one direction."""
+        out = {}
+        for d in self.manifest.get("directions", []):
+            if split in d["splits"]:
+                start = int(d["splits"][split]["start"])
+                out[f"{d['src']}-{d['tgt']}"] = Rows(self, start, start + int(d["splits"][split]["kept"]))
+        return out
+
     @property
     def src_lengths(self) -> np.ndarray:
         """Lengths as the model sees them: ids + EOS."""
@@ -176,6 +189,31 @@ class ParallelData:
     def tgt_lengths(self) -> np.ndarray:
         """Lengths as the model sees them: BOS + ids (input) or ids + EOS (output)."""
         return self.tgt.lengths + 1
+
+
+class _Range:
+    """Rows [start, stop) of an IndexedArray, numbered from 0."""
+
+    def __init__(self, arr: IndexedArray, start: int, stop: int):
+        self.arr, self.start, self.stop = arr, start, stop
+
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        return self.arr.lengths[self.start : self.stop]
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.arr[self.start + i]
+
+
+class Rows(ParallelData):
+    """Rows [start, stop) of a split (one direction of a multilingual split), read as a ParallelData of its own."""
+
+    def __init__(self, data: ParallelData, start: int, stop: int):  # no file is opened again
+        self.manifest = data.manifest
+        self.src, self.tgt = _Range(data.src, start, stop), _Range(data.tgt, start, stop)
 
 
 @dataclass

@@ -17,8 +17,9 @@ from nmt_cli.errors import DataError
 
 
 def train_bpe(sentences: Iterable[str], vocab_size: int, *, character_coverage: float = 1.0,
-              num_threads: int = 2, seed_sentences: int = 0) -> bytes:
+              num_threads: int = 2, seed_sentences: int = 0, symbols: Sequence[str] = ()) -> bytes:
     """Learn a BPE model on `sentences` (both languages for a joint vocabulary); returns the model bytes.
+    `symbols` (a multilingual model's `>>xx<<` tags) become whole pieces that never split, ids 4, 5, ...
 
     `seed_sentences` > 0 caps how many sentences sentencepiece samples (bounded memory on big corpora).
     """
@@ -29,6 +30,8 @@ def train_bpe(sentences: Iterable[str], vocab_size: int, *, character_coverage: 
         pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>", num_threads=num_threads,
         hard_vocab_limit=False, minloglevel=2,
     )
+    if symbols:
+        kwargs["user_defined_symbols"] = list(symbols)
     if seed_sentences:
         kwargs.update(input_sentence_size=seed_sentences, shuffle_input_sentence=True)
     try:
@@ -110,7 +113,13 @@ class Tokenizer:
     def encode(self, lines: Sequence[str], num_threads: int = -1, side: str = "source") -> list[list[int]]:
         """Token ids without BOS/EOS, one list per line; `side` "target" for target-language text."""
         if self.vocab is None:
-            return _encode(self.sp, list(lines), int, num_threads)
+            if not self.languages:
+                return _encode(self.sp, list(lines), int, num_threads)
+            # a multilingual model's leading tag is one piece and the rest is cut on its own, as MarianTokenizer
+            # does (so an export to MarianMT reads the same ids): not "▁" + tag, as sentencepiece would cut it
+            codes, texts = zip(*(_language_code(line) for line in lines), strict=True) if lines else ((), ())
+            ids = _encode(self.sp, list(texts), int, num_threads)
+            return [[self.sp.piece_to_id(c) for c in code] + i for code, i in zip(codes, ids, strict=True)]
         sp = self.sp if side == "source" else self.target_sp
         codes, texts = zip(*(_language_code(line) for line in lines), strict=True) if lines else ((), ())
         pieces = _encode(sp, list(texts), str, num_threads)

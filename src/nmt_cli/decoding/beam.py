@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import EOS_ID
-from nmt_cli.decoding.config import SearchConfig, index_on
+from nmt_cli.decoding.config import SearchConfig
 from nmt_cli.decoding.state import SearchState
 
 
@@ -36,21 +36,14 @@ class BeamSearch:
         finalize(state, t, scores, beams, tokens, self.cfg)
         return scores, beams, tokens
 
-    def advance(self, state: SearchState, t: int | Tensor, chosen: tuple[Tensor, Tensor, Tensor],
-                keep: list[int] | None) -> Tensor:
-        """Continue each kept sentence (all, when `keep` is None) with its K best non-EOS candidates; -> the rows
-        of the old batch they extend [N'*K]."""
+    def advance(self, state: SearchState, t: int | Tensor, chosen: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """Continue each sentence with its K best non-EOS candidates; -> the rows of the old batch they extend
+        [N*K] (the cache follows them)."""
         scores, beams, tokens = chosen
         k, width = state.per, scores.size(1)
         rank = torch.arange(width, device=scores.device)
         order = (rank + (tokens == EOS_ID).long() * width).argsort(dim=1)[:, :k]  # non-EOS first, by rank
-        first_row = state.first_rows()
-        if keep is not None:
-            index = index_on(keep, scores.device)
-            order, beams, tokens, scores = order[index], beams[index], tokens[index], scores[index]
-            first_row = first_row[index]
-            state.keep(keep, tokens=False)
-        rows = (first_row + beams.gather(1, order)).view(-1)  # [N'*K] rows of the old batch
+        rows = (state.first_rows() + beams.gather(1, order)).view(-1)  # [N*K] rows of the old batch
         state.tokens = state.tokens.index_select(0, rows)
         state.set_column(t + 1, tokens.gather(1, order).view(-1))
         state.scores = scores.gather(1, order)

@@ -17,22 +17,22 @@ with its own positions and source. A segment keeps
     `beams` consecutive rows (R = N x beams, sentence-major; attention folds the beams into the query dimension);
   - the source padding mask, laid out once as [N x H, 1, S] for attention.
 
-Two layouts, one code path:
-  - exact (CPU eager, the default): attention reads exactly the `length + 1` filled positions (each sentence's
-    window one contiguous block of the buffer); the capacity doubles when it runs out. Shapes change every step,
-    which costs nothing in eager mode.
-  - static (for torch.compile and CUDA graphs): the capacity C comes from a few buckets (16, 32, 64, ...), attention
-    reads all C positions with the unfilled ones masked, a beam reorder copies the slot table in place (every
-    buffer keeps its address), and a step's shapes change only when a bucket does.
-The host side (`make_room`, `advance`) runs around the step; the step itself (`Transformer.static_step`) reads only
-tensors and bucket-level ints.
+One layout: the capacity C comes from a few buckets (16, 32, 64, ...; new buffers, the filled positions copied, when
+one runs out), read in one of two ways:
+  - exact (CPU eager, the default): attention reads the `length + 1` filled positions, a slice of the buffer (each
+    sentence's window one contiguous block); a step writes its position by a slice. Shapes change every step, which
+    costs nothing in eager mode.
+  - static (`static=True`: torch.compile and CUDA graphs): attention reads all C positions with the unfilled ones
+    masked, a step writes its position by index from a device tensor, a beam reorder copies the slot table in place
+    (every buffer keeps its address), and a step's shapes change only when a bucket does.
+The host side (`make_room`, `advance`) runs around the step; the step itself (decoding/step.py) reads only tensors
+and bucket-level ints.
 
 Joined batches merge: a batch that joins becomes part of the segment before it (`DecoderCache.merge`) when their
 lengths differ by at most MERGE_GAP positions, so the columns its rows attend to in vain are few: a server's
 requests, a few sentences every step or two, share one segment per few steps of age (a step runs attention once per
-layer per segment), and no row reads much more than its own positions. A batch that merges takes its first step
-inside the merged segment (`merges_on_join`); one that does not keeps a segment of its own. The merged rows are right-aligned: every
-row's newest position is the same buffer column, and a sentence that has decoded fewer positions starts later,
+layer per segment), and no row reads much more than its own positions. A batch merges as it joins, before its first
+step (`join`); one that does not keeps a segment of its own. The merged rows are right-aligned: every row's newest position is the same buffer column, and a sentence that has decoded fewer positions starts later,
 `offsets[n]` columns in (zeros there, masked). Sources are padded to the longest. When the sentences that started
 first leave, the columns no row reads any more are dropped.
 
@@ -52,7 +52,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from nmt_cli.decoding.config import index_on
+from nmt_cli.decoding.config import index_on, layout_key
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # A joining batch merges when its length is within MERGE_GAP positions of the running segment's (merged, its rows
@@ -73,15 +73,12 @@ class Cache(Protocol):
         sentences). Else the sentences kept (indices over all segments, in the order of `order`), `rows`
         sentence-major over them, `beams` rows each."""
 
-    def repeat_beams(self, k: int, newest: bool = False) -> None:
-        """Each row becomes k consecutive rows (of the same sentence); `newest`: only the segment that joined last."""
+    def repeat_beams(self, k: int) -> None:
+        """Before the first step of a cache's sentences: k rows a sentence (beams or samples) instead of one."""
 
     def join(self, other: Cache) -> Cache:
-        """This cache's rows, then `other`'s, decoded as one batch; returns the joined cache (this one)."""
-
-    def merges_on_join(self, beams: int) -> bool:
-        """Whether the rows that joined last, before their first step, become part of the running rows' cache
-        once they are `beams` a sentence (then the search repeats them first and decodes all rows as one)."""
+        """This cache's rows, then `other`'s (not stepped yet), decoded as one batch from the next step on (merged
+        into the running rows' buffers where the rule allows); returns the joined cache (this one)."""
 
     def order(self, keep: list[int]) -> list[int]:
         """The sentences `keep` (ascending) in the order they take when the others leave (a permutation of it: the
@@ -94,6 +91,10 @@ class Cache(Protocol):
 
     def advance(self, host: bool = True, device: bool = True) -> None:
         """One more position decoded: the host's count and/or the device's (a graph replays only the device's)."""
+
+    def key(self) -> tuple:
+        """Ints that change whenever a buffer a step reads or writes changes address, shape or strides (a recorded
+        CUDA graph is replayed only under the same key: graphs.py)."""
 
 
 class Segment:
@@ -136,6 +137,10 @@ class Segment:
     @property
     def capacity(self) -> int:
         return self.kv.size(4)
+
+    def key(self) -> tuple:
+        """The addresses, shapes and strides of the buffers a step reads and writes (Cache.key)."""
+        return layout_key(self.kv, self.cross, self.pad, self.pos, self.slots, self._own, self._arange, self._row_start)
 
     def write(self, layer: int, new: Tensor) -> None:
         """Write one layer's new keys and values new [2, N, H, B, K] (each row into its own slot) at the position: by
@@ -199,7 +204,7 @@ class Segment:
         self.row_start()
         need = self.length + 1
         if self.kv is None or self.capacity < need:
-            self._grow(_bucket(need) if self.static else max(16, 2 * need))
+            self._grow(_bucket(need))
         if self.beams > 1 and (self._own is None or self._own.size(0) != self.rows):
             self._own = torch.arange(self.beams, device=self.cross.device).repeat(self.sentences)
 
@@ -318,20 +323,9 @@ class Segment:
         self._room, self.cross = room, room[:, :, : n + m, :, :sources]
 
     def repeat_beams(self, k: int) -> None:
-        """Each row becomes k rows of its sentence (one row a sentence before: the slots it filled become slot 0 of
-        k, and the table says slot 0 for every row at those positions)."""
-        if k == 1:
-            return
+        """k rows a sentence, before the first step (each writes its own slot of k)."""
         if self.kv is not None:
-            if self.beams != 1:
-                raise ValueError("repeat_beams: the segment already has several beams a sentence")
-            shape = list(self.kv.shape)
-            shape[5] = k
-            room = self._new(shape)
-            room[..., : self.length, 0, :] = self.kv[..., : self.length, 0, :]
-            room[..., : self.length, 1:, :].zero_()
-            self.kv = self._kv_room = room
-            self.slots = torch.zeros((self.sentences * k, self.capacity), dtype=torch.long, device=room.device)
+            raise ValueError("repeat_beams: only before a segment's first step")
         self.beams *= k
 
 
@@ -353,6 +347,9 @@ class DecoderCache:
     def advance(self, host: bool = True, device: bool = True) -> None:
         for s in self.segments:
             s.advance(host, device)
+
+    def key(self) -> tuple:
+        return tuple(s.key() for s in self.segments)
 
     def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
         if len(self.segments) == 1:
@@ -381,14 +378,13 @@ class DecoderCache:
             first_row += old_rows
         self.segments = kept
 
-    def repeat_beams(self, k: int, newest: bool = False) -> None:
-        for seg in self.segments[-1:] if newest else self.segments:
+    def repeat_beams(self, k: int) -> None:
+        for seg in self.segments:
             seg.repeat_beams(k)
-        if newest:  # the batch that joined: part of the segment before it, where the rule allows
-            self.merge()
 
     def join(self, other: DecoderCache) -> DecoderCache:
         self.segments += other.segments
+        self.merge()
         return self
 
     def order(self, keep: list[int]) -> list[int]:
@@ -399,31 +395,16 @@ class DecoderCache:
             first += n
         return out
 
-    def merges_on_join(self, beams: int) -> bool:
-        """Whether the segment that joined last (no step taken yet) merges into the one before it once it has
-        `beams` rows a sentence: then it takes its first step there (`repeat_beams(beams, newest=True)` first)."""
-        if len(self.segments) < 2:
-            return False
-        last, before = self.segments[-1], self.segments[-2]
-        return last.kv is None and _mergeable(before, last.length, beams)
-
     def merge(self) -> None:
         """Merge the newest segment into the one before it while that one has taken a step and the rule of the
         module docstring allows it."""
         while len(self.segments) > 1:
             last, before = self.segments[-1], self.segments[-2]
-            if last.kv is None and last.length:
-                return
-            if not _mergeable(before, last.length, last.beams):
+            if (before.kv is None or before.beams != last.beams
+                    or abs(before.length - last.length) > MERGE_GAP):
                 return
             before.merge(last)
             self.segments.pop()
-
-
-def _mergeable(before: Segment, length: int, beams: int) -> bool:
-    """Whether rows that decoded `length` positions, `beams` a sentence, merge into `before` (see the module
-    docstring)."""
-    return before.kv is not None and before.beams == beams and abs(before.length - length) <= MERGE_GAP
 
 
 def _fill_holes(kept: list[int]) -> list[int]:

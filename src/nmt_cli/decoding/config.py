@@ -150,3 +150,11 @@ def to_device(x: Tensor, device) -> Tensor:
     if torch.device(device).type != "cuda":
         return x
     return x.pin_memory().to(device, non_blocking=True)
+
+
+def layout_key(*tensors: Tensor | None) -> tuple:
+    """Each tensor's address, shape and strides as ints (0 for an absent one): what a recorded CUDA graph depends on."""
+    out: list[int] = []
+    for x in tensors:
+        out += (0,) if x is None else (x.data_ptr(), *x.shape, *x.stride())
+    return tuple(out)

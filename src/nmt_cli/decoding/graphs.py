@@ -1,5 +1,6 @@
-"""CUDA graphs of the whole decoding step (GPU): the model's static step, log-softmax, the constraints, the search's
-`select` and `advance` and the cache's beam reorder, recorded once and then replayed as one launch.
+"""CUDA graphs of the whole decoding step (GPU): the scheduler's `decode_step` (the model's static step,
+log-softmax, the constraints, the search's `select` and `advance` and the cache's beam moves), recorded once and
+then replayed as one launch.
 
 Why: a step of a 6-layer model is some 300 small kernels. Launched one by one from Python, the host sets the pace
 and the GPU waits (docs/results-history.md#cuda-graphs-of-the-decoding-step). A graph replays them all for the cost of one launch.
@@ -7,16 +8,16 @@ and the GPU waits (docs/results-history.md#cuda-graphs-of-the-decoding-step). A 
 What makes a step replayable:
   - The step reads no host value that changes from step to step: the step number `t` is a [1] device tensor in a
     graph (filled before each replay), the cache's positions are device tensors (static layout, cache.py), and the
-    steps where the host decides something (joins, forced prefixes, the maximum length, repeated n-grams, sampling's
+    steps where the host decides something (forced prefixes, the maximum length, repeated n-grams, sampling's
     generator) run eagerly (`graphable`).
   - The steps read and write the same memory: the tensors the search would replace (`state.tokens = ...`,
-    finalize's `torch.where`) are copied back into the ones the step began with, and the static cache's beam
+    finalize's `torch.where`) are copied back into the ones the step began with (`in_place`), and the static cache's beam
     reorder copies its slot tables in place (the keys and values do not move: cache.py). A graph is keyed by the
-    address, shape and strides of every tensor of the state and the cache (`step_key`) and by the search's
+    address, shape and strides of every tensor of the state and the cache (`step_key`: ints they keep) and by the search's
     settings, and replayed only where all of them are the same; a new key (the capacity grew to its next bucket,
     sentences left or joined) records a new graph, from its first step.
-  - Sentences leave only at the scheduler's host checks (every GPU_CHECK_EVERY steps), after the step: the graph
-    always advances every row, and the scheduler then drops the finished sentences (scheduler.py).
+  - Sentences leave at the scheduler's host checks (every GPU_CHECK_EVERY steps), after the step, as on every
+    path: a step always advances every row (scheduler.py).
 
 Graphs share one memory pool (their temporaries never live at the same time) and the least recently used are
 dropped past GRAPH_LIMIT. On a CPU the same object runs the step eagerly with `t` as a tensor (`replay=False`),
@@ -32,11 +33,9 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from nmt_cli.decoding.config import SearchConfig
-from nmt_cli.decoding.constraints import constrain
 
 GRAPH_LIMIT = 32  # graphs kept (least recently used dropped)
 GPU_CHECK_EVERY = 4  # host checks on a GPU: each one waits for the device to finish its queued steps
@@ -151,50 +150,22 @@ def graphable(model, cache, state, cfg: SearchConfig, t: int) -> bool:
 
 
 def step_key(state, cache, cfg: SearchConfig, search) -> tuple:
-    """What a recorded step depends on: the search and its settings, and the address, shape and strides of every
-    tensor of the state and the cache's segments (None where an optional one is absent)."""
-    parts: list = [type(search).__name__, dataclasses.astuple(cfg)]
-    for obj in (state, *cache.segments):
-        for value in vars(obj).values():
-            if isinstance(value, Tensor):
-                parts.append(_signature(value))
-            elif value is None:
-                parts.append(None)
-            elif isinstance(value, list) and value and isinstance(value[0], Tensor):
-                parts.extend(_signature(v) for v in value)
-    return tuple(parts)
+    """What a recorded step depends on: the search and its settings, and the addresses, shapes and strides of the
+    state's and the cache's tensors (`SearchState.key`, `Cache.key`: ints each keeps)."""
+    return type(search).__name__, dataclasses.astuple(cfg), state.key(), cache.key()
 
 
-def _signature(x: Tensor) -> tuple:
-    return x.data_ptr(), x.shape, x.stride(), x.dtype
+def in_place(body: Callable[[int | Tensor], None], state) -> Callable[[int | Tensor], None]:
+    """`body` (the scheduler's step), with the state's tensors that it replaced (`state.tokens = ...`) copied back
+    into the ones it began with: a replay must read and write the same memory every time."""
 
-
-def step_body(model, cache, state, cfg: SearchConfig, search) -> Callable[[int | Tensor], None]:
-    """The whole step as a function of t: the model's static step (the cache's device positions move on; the
-    host's `length` is the caller's), log-softmax, constraints, select, advance (no sentence leaves) and the
-    cache's beam reorder; the state's tensors it replaced are copied back into the ones it began with. What the
-    host does after it, replayed or not: `after_step`."""
-
-    def body(t: int | Tensor) -> None:
+    def step(t: int | Tensor) -> None:
         before = {name: v for name, v in vars(state).items() if isinstance(v, Tensor)}
-        logits = model.static_step(state.column(t), cache)
-        cache.advance(host=False)
-        lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (no float32 copy of half logits first)
-        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, None)
-        chosen = search.select(state, t, lprobs)
-        rows = search.advance(state, t, chosen, None)
-        if rows is not None:  # beam search: the slot tables, in place
-            cache.reorder(rows, None)
+        body(t)
         for name, old in before.items():
             new = getattr(state, name)
             if new is not old and new.shape == old.shape:  # (a cache made for another size stays new)
                 old.copy_(new)
                 setattr(state, name, old)
 
-    return body
-
-
-def after_step(cache) -> None:
-    """The host's part of a step run by `step_body` (recorded or not): the cache's positions one more on the host
-    (a replay runs no Python, so this is never inside a graph)."""
-    cache.advance(device=False)
+    return step

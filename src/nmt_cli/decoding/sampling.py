@@ -49,12 +49,9 @@ class Sampling:
         state.done = state.count >= self.per
         return choice
 
-    def advance(self, state: SearchState, t: int | Tensor, choice: Tensor, keep: list[int] | None) -> Tensor | None:
-        """Write the chosen tokens; -> the kept rows when sentences leave, None when every row stays."""
+    def advance(self, state: SearchState, t: int | Tensor, choice: Tensor) -> None:
+        """Write the chosen tokens (every row stays where it is: nothing for the cache to follow)."""
         state.set_column(t + 1, choice)
-        if keep is None:
-            return None
-        return state.keep(keep)
 
 
 def _argmax(lprobs: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ whether new work joins now (`poll`, never blocking), and is waited on only when 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from itertools import accumulate
 from typing import Protocol
 
@@ -31,7 +32,7 @@ from torch import Tensor
 from nmt_cli.decoding.beam import BeamSearch
 from nmt_cli.decoding.config import Hypothesis, Kept, SearchConfig, Sources, max_output_lengths
 from nmt_cli.decoding.constraints import constrain, prefix_tensor
-from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs, after_step, graphable, step_body, step_key
+from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs, graphable, in_place, step_key
 from nmt_cli.decoding.sampling import Sampling
 from nmt_cli.decoding.state import SearchState
 
@@ -136,46 +137,28 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             prefix_ids = next(prefix_iter) if prefix_iter else None
             prefix = prefix_tensor(prefix_ids, src.size(0), src.device)
             max_len = _max_len(model, lengths, cfg, prefix_ids if prefix is not None else None)
-            cache_new = encoded if encoded is not None else encode_batch(model, src, src_pad_mask, static)
+            new = encoded if encoded is not None else encode_batch(model, src, src_pad_mask, static)
+            new.repeat_beams(per)  # `per` rows a sentence from its first step (beam copies: start scores -inf)
             n = src.size(0)
-            if state is None:  # start afresh: all `per` rows of a sentence start identical, decode one row each
-                cache = cache_new
+            if state is None:
+                cache, t = new, 0
                 state = SearchState(per, n, max_len, prefix, started, src.device, search.beam)
-                t = 0
-                lprobs = _log_probs(model, state.tokens[::per, 0].contiguous(), cache).repeat_interleave(per, dim=0)
-                cache.repeat_beams(per)
-            else:  # join the running batch at step t (> 0)
-                cache = cache.join(cache_new)
-                old_rows = state.tokens.size(0)
+            else:  # join the running batch at step t (> 0): its cache merges into the running one where it may
+                cache = cache.join(new)
                 state.join(n, max_len, prefix, t, started)
-                last = state.tokens[:, t]
-                if cache.merges_on_join(per):  # a few sentences: their first step inside the running segment
-                    cache.repeat_beams(per, newest=True)
-                    lprobs = _log_probs(model, last.contiguous(), cache)
-                else:
-                    lprobs = _log_probs(model, torch.cat([last[:old_rows], last[old_rows::per]]), cache)
-                    if per > 1:
-                        lprobs = torch.cat([lprobs[:old_rows], lprobs[old_rows:].repeat_interleave(per, dim=0)])
-                    cache.repeat_beams(per, newest=True)
             started += n
             if on_done is None:
                 results += [[] for _ in range(n)]
                 sizes.append(n)
-        elif graphs is not None and graphable(model, cache, state, cfg, t):
+        if graphs is not None and graphable(model, cache, state, cfg, t):
             cache.make_room(model.config.max_positions)  # (a new bucket: new buffers, and a new graph)
             state.first_rows()  # made before the key, not inside a recording
-            graphs.run(step_key(state, cache, cfg, search), step_body(model, cache, state, cfg, search), t)
-            after_step(cache)
-            lprobs = None  # the whole step is done: select and advance too (all rows; leaving is below)
+            body = in_place(partial(decode_step, model, cache, state, cfg, search), state)
+            graphs.run(step_key(state, cache, cfg, search), body, t)
+            cache.advance(device=False)  # the host's count (a replay runs no Python)
         else:
-            lprobs = _log_probs(model, state.column(t), cache)  # [N*per, V]
-        if lprobs is not None:
-            history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
-            constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), history,
-                      state.forced(t))
-            chosen = search.select(state, t, lprobs)
+            decode_step(model, cache, state, cfg, search, t)
         checked = (t + 1) % check_every == 0 or t + 1 >= max(state.max_len_host)  # (all must be done)
-        keep = None
         if checked:
             if stop is not None and stop():
                 raise Stopped("decoding stopped")
@@ -198,15 +181,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                     continue
                 keep = [i for i, d in enumerate(done) if d is False]
                 keep = Kept(keep if search.keeps_order else cache.order(keep))
-        if lprobs is not None:
-            rows = search.advance(state, t, chosen, keep)
-            if rows is not None:
-                cache.reorder(rows, keep)
-        elif keep is not None:  # a graph advanced every row: the finished sentences leave now
-            cache.reorder(state.keep(keep), keep)
-        if keep is not None:
-            drop = state.trim()  # steps before the oldest unfinished sentence began
-            t -= drop
+                cache.reorder(state.keep(keep), keep)  # they leave after the step, the same on every path
+                t -= state.trim()  # steps before the oldest unfinished sentence began
         t += 1
     if guard:
         torch.cuda.set_sync_debug_mode(0)
@@ -214,6 +190,26 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
         results = [_ranked(hyps, cfg) for hyps in results]
     ends = list(accumulate(sizes))
     return [results[end - size : end] for end, size in zip(ends, sizes, strict=True)]
+
+
+def decode_step(model, cache, state: SearchState, cfg: SearchConfig, search: BeamSearch | Sampling,
+                t: int | Tensor) -> None:
+    """One step of every row, the same on every path: the model's step (one position more in the cache),
+    log-softmax, the constraints, the search's `select` and `advance`, and the beams' moves in the cache. `t` is an
+    int, or inside a CUDA graph a [1] device tensor: then the model's static step runs (the caller moves the
+    cache's host count) and the host's constraints are absent (`graphable` says where none applies)."""
+    tokens = state.column(t)
+    if isinstance(t, int):
+        lprobs = _log_probs(model.step(tokens, cache))
+        history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
+        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), history, state.forced(t))
+    else:
+        lprobs = _log_probs(model.static_step(tokens, cache))
+        cache.advance(host=False)
+        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, None)
+    rows = search.advance(state, t, search.select(state, t, lprobs))
+    if rows is not None:  # beam search: the rows each continues (the cache moves its slot tables)
+        cache.reorder(rows)
 
 
 def _ranked(hyps: list[Hypothesis], cfg: SearchConfig) -> list[Hypothesis]:
@@ -245,9 +241,8 @@ def _max_len(model, lengths: list[int], cfg: SearchConfig, prefix: list[list[int
     return max_len
 
 
-def _log_probs(model, tokens: Tensor, cache) -> Tensor:
-    """One step of the model for last tokens [R] -> next-token log-probabilities [R, V] in float32."""
-    logits = model.step(tokens, cache)
+def _log_probs(logits: Tensor) -> Tensor:
+    """A step's logits [R, V] -> next-token log-probabilities [R, V] in float32."""
     if logits.device.type == "cpu" and logits.is_contiguous():
         # in place over the step's own logits: one [R, V] tensor less to allocate and fill
         logits = logits.float()

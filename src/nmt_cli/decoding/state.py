@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import BOS_ID, PAD_ID
-from nmt_cli.decoding.config import Hypothesis, index_on, length_penalty, to_device
+from nmt_cli.decoding.config import Hypothesis, index_on, layout_key, length_penalty, to_device
 
 
 class SearchState:
@@ -42,6 +42,11 @@ class SearchState:
     @property
     def n(self) -> int:
         return len(self.ids)
+
+    def key(self) -> tuple:
+        """The addresses, shapes and strides of the tensors a step reads and writes, as ints (graphs.py's key)."""
+        return layout_key(self.tokens, self.scores, self.fin_tokens, self.fin_lp, self.fin_len, self.count, self.done,
+                       self.top_ended, self.row_done, self.max_len, self.prefix, self.begin_t, self._first_rows)
 
     def first_rows(self) -> Tensor:
         """[N, 1] each sentence's first row (made once per batch size: beam search asks three times a step)."""

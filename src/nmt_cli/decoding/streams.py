@@ -13,12 +13,11 @@ output every run. A stream's rows share steps with other batches than with one s
 their last digits (float sums over other padded lengths), as any change of batching does; on 1000 Multi30k lines
 the texts were the same.
 
-Two streams are the default only for small models (`default_streams`): below TWO_STREAMS_BELOW parameters. A larger
-model's step is work enough to keep two intra-op threads busy on one stream, two streams hold two working sets, and
-their per-step buffers (a batch's self-attention cache, logits over a 32k vocabulary) outgrow glibc's per-thread
-heaps (64 MB each): a stream on a thread of its own gets them mapped afresh, and faulted in again, on every
-allocation. So one stream is as fast or faster for large models, at less memory; the small Multi30k model (7.6M
-parameters) is where two streams win. The measurements: docs/results-history.md#decoding-streams-one-or-two.
+One stream is the default (`nmt translate --workers N` asks for more). On a quiet 2-core machine two streams of
+one thread were as fast as one stream of two threads (1.01x for the small Multi30k model) at 1.4x the peak memory:
+each stream holds a working set of its own. Beside a busy neighbour two streams are several times faster, because a
+stream of two intra-op threads waits at every operation for its slowest thread. The figures:
+docs/results.md#cpu-decoding-mechanisms.
 """
 
 from __future__ import annotations
@@ -30,14 +29,6 @@ import torch
 
 from nmt_cli.decoding.config import Hypothesis, SearchConfig
 from nmt_cli.decoding.scheduler import Batch, Stopped, decode_batches
-
-TWO_STREAMS_BELOW = 10_000_000  # parameters of the largest model (an ensemble's largest member): see the docstring
-
-
-def default_streams(threads: int, parameters: int) -> int:
-    """Decoding streams when the caller does not say: two on two threads or more for a model of fewer than
-    TWO_STREAMS_BELOW `parameters`, else one (module docstring)."""
-    return 2 if threads >= 2 and parameters < TWO_STREAMS_BELOW else 1
 
 
 def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None,

@@ -23,9 +23,9 @@ class EnsembleCache:
         for c in self.caches:
             c.reorder(rows, keep)
 
-    def repeat_beams(self, k: int, newest: bool = False) -> None:
+    def repeat_beams(self, k: int) -> None:
         for c in self.caches:
-            c.repeat_beams(k, newest)
+            c.repeat_beams(k)
 
     def join(self, other: EnsembleCache) -> EnsembleCache:
         self.caches = [c.join(o) for c, o in zip(self.caches, other.caches, strict=True)]
@@ -34,9 +34,6 @@ class EnsembleCache:
     def order(self, keep: list[int]) -> list[int]:
         return self.caches[0].order(keep)  # the members' caches have the same segments
 
-    def merges_on_join(self, beams: int) -> bool:
-        return all(c.merges_on_join(beams) for c in self.caches)  # the members' caches have the same shapes
-
     def make_room(self, max_positions: int) -> None:
         for c in self.caches:
             c.make_room(max_positions)
@@ -44,6 +41,9 @@ class EnsembleCache:
     def advance(self, host: bool = True, device: bool = True) -> None:
         for c in self.caches:
             c.advance(host, device)
+
+    def key(self) -> tuple:
+        return tuple(c.key() for c in self.caches)
 
 
 class Ensemble:

@@ -13,7 +13,7 @@ changes).
 oneDNN, and torch's ideep layer over it, prepare a kernel with its buffers for every product shape they see (the
 first call of a new shape is slower than the next ones), and keep up to 1024 shapes each; a decoding step's row
 count changes every step, so unbounded, memory grows with the input. So a step's rows are padded with zero rows towards a multiple of
-ROW_MULTIPLE (`Transformer.row_multiple`, `model.padded_rows`: at most 1/8 more rows, none for one sentence's few)
+ROW_MULTIPLE (`Transformer.row_multiple`, `decoding.step.padded_rows`: at most 1/8 more rows, none for one sentence's few)
 and `bound_caches()` caps both caches at ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per
 process): the shapes recur and stay prepared, and memory is bounded by the cap (a cached output projection holds
 buffers of its rows x vocabulary). The Translator does both for every CPU translation that runs on oneDNN (fp32 here, bf16).
@@ -33,7 +33,7 @@ from nmt_cli.model import replace_linears
 
 ENV = "NMT_CPU_GEMM"  # mkl | onednn; unset: oneDNN on non-Intel CPUs
 ONEDNN_CACHE = 256  # product shapes oneDNN and ideep each keep prepared (their default, 1024, let memory grow)
-ROW_MULTIPLE = 32  # a decoding step's rows are padded towards a multiple of this (model.padded_rows): few shapes
+ROW_MULTIPLE = 32  # a decoding step's rows are padded towards a multiple of this (decoding.step.padded_rows): few shapes
 CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
 
 

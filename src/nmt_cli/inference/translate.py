@@ -21,6 +21,7 @@ from typing import BinaryIO, NamedTuple
 
 import torch
 
+from nmt_cli import languages
 from nmt_cli.checkpoints import averaging, marian, pretrained
 from nmt_cli.checkpoints import format as ckpt_io
 from nmt_cli.config import EOS_ID
@@ -28,7 +29,7 @@ from nmt_cli.data.tokenizer import Tokenizer, language_tag
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
 from nmt_cli.decoding.config import source_batch
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
-from nmt_cli.decoding.streams import decode_streams, default_streams
+from nmt_cli.decoding.streams import decode_streams
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.hub import pull as hub
 from nmt_cli.inference.ensemble import Ensemble
@@ -241,8 +242,9 @@ class Translator:
         # each model's parameters, counted before packing or quantizing (which turn weights into buffers)
         self.model_parameters = [sum(p.numel() for p in m.parameters()) for m in models]
         if self.device.type == "cpu":
-            from nmt_cli.inference import packed
+            from nmt_cli.inference import allocator, packed
 
+            allocator.map_large_blocks()  # a decoding step's large blocks go back to the system when freed
             onednn = precision == "fp32" and packed.use_packed()  # oneDNN's float32 products, not MKL's (packed.py)
             if onednn or self.dtype == torch.bfloat16:  # products through oneDNN
                 packed.bound_caches()  # its memory, bounded
@@ -291,20 +293,25 @@ class Translator:
     def tagged(self, lines: list[str], first_line: int, tgt_lang: str | None = None) -> list[str]:
         """`lines` as a multilingual model reads them: each non-empty line starts with its target language's
         `>>xx<<` tag (`tgt_lang`, else the config's), unless it already has a tag (per-line targets); a model of one
-        direction gets them unchanged. A language the model does not know, or a line with no target at all, is a
-        ConfigError of one line naming the languages it knows."""
+        direction gets them unchanged. A code names the model's tag of its language (`fr` or `fre` for `>>fra<<`,
+        `languages.resolve`), a line's own tag too. A language the model does not know, or a line with no target at
+        all, is a ConfigError of one line naming the languages it knows."""
         known = self.tokenizer.languages
         if not known:
             return lines
         tgt = tgt_lang or self.config.tgt_lang or (known[0] if len(known) == 1 else None)
         choose = f"choose one of {', '.join(known)}"
-        if tgt is not None and tgt not in known:
-            raise ConfigError(f"the model does not translate into {tgt!r}; {choose} (--tgt-lang)")
+        if tgt is not None:
+            tgt = languages.resolve(tgt, known)
         out = []
         for i, line in enumerate(lines):
             tag = language_tag(line)
             if tag is not None and tag not in known:
-                raise ConfigError(f"line {first_line + i} asks for >>{tag}<<, which the model does not know; {choose}")
+                try:
+                    line = f">>{languages.resolve(tag, known)}<<{line[len(tag) + 4:]}"
+                except ConfigError:
+                    raise ConfigError(f"line {first_line + i} asks for >>{tag}<<, which the model does not know; "
+                                      f"{choose}") from None
             if tag is None and line.strip():
                 if tgt is None:
                     raise ConfigError(f"a multilingual model needs a target language: give --tgt-lang ({choose}) or "
@@ -326,14 +333,11 @@ class Translator:
         return out
 
     def streams(self) -> int:
-        """Decoding streams (decoding/streams.py): `workers` when given; else, on CPU with at least two threads,
-        two for a small model (`default_streams`: beam and greedy search; sampling draws from one generator, so it
-        is one stream), else one."""
+        """Decoding streams (decoding/streams.py): `workers` on a CPU (default 1); one on a GPU, and for sampling,
+        which draws from one generator."""
         if self.device.type != "cpu" or self.config.search.sampling:
             return 1
-        if self.config.workers is not None:
-            return self.config.workers
-        return default_streams(torch.get_num_threads(), max(self.model_parameters))
+        return self.config.workers or 1
 
     def decode_options(self) -> dict:
         """decode_batches' options: with CUDA graphs on (a GPU), static caches, a host check every GPU_CHECK_EVERY

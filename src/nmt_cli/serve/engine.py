@@ -8,10 +8,13 @@ feed encodes the waiting sentences on a thread of its own while the search decod
 the GIL), so a batch joins already encoded and the search's thread spends its time on decoding steps.
 
 Search configs: sentences whose requests ask for the same search (beam, length penalty, lengths, sampling) share
-one running search; a request with other options waits in a group of its own. One search runs at a time (the
-model and the cores are shared): while another group waits, the running search takes no new sentences, drains,
-and the worker turns to the group waiting longest. A request with a sampling seed is a group of its own (its own
-generator), so the same request with the same seed gives the same output whatever else the server does.
+one running search; a request with other options is a group of its own, searched at the same time by another of
+the engine's SEARCHES worker threads. One step decodes at a time (the model and the cores are shared): the searches
+take turns step by step, each turn to the search with the least decoding time per request served so far (turns.py),
+so a client that alternates settings holds nobody back. Only when more groups wait than there are workers does a
+running search stop taking new sentences, drain, and leave its worker to the group waiting longest. A search ends
+when its group has nothing left. A request with a sampling seed is a group of its own (its own generator), so the
+same request with the same seed gives the same output whatever else the server does.
 
 This module needs no web package: the HTTP side (app.py) calls `submit` and awaits the job's future.
 """
@@ -24,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import count
@@ -34,9 +37,11 @@ import torch
 from nmt_cli.decoding import Hypothesis, SearchConfig, decode_batches, encode_batch
 from nmt_cli.decoding.config import Sources, source_batch
 from nmt_cli.inference.translate import Translator
+from nmt_cli.serve.turns import Turns
 
 JOIN_FRACTION = 0.25  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
 JOIN_WAIT_S = 0.03  # or once the oldest has waited this long (fewer, larger batches: each encoding has a fixed cost)
+SEARCHES = 4  # searches (groups of different settings) decoded at once, in turns; more groups wait for a worker
 FIELDS = dataclasses.fields(SearchConfig)  # a search's key: its settings' values, in order
 
 
@@ -102,6 +107,7 @@ class _Group:
         self.cfg, self.generator = cfg, generator
         self.waiting: deque[tuple[int, Job, int, float]] = deque()  # (arrival number, job, index, arrival time)
         self.running = 0  # sentences its search decodes (as its feed last saw them)
+        self.feed: _Feed | None = None  # its search's feed, while a worker runs it
 
     def worth_encoding(self) -> bool:
         """Whether the waiting sentences are enough to encode as a batch now (JOIN_FRACTION; the time limit aside):
@@ -120,7 +126,10 @@ class Engine:
         self.max_queue = max_queue
         self.max_tokens = translator.config.max_tokens
         self.max_sentences = translator.config.max_sentences
-        self.cond = threading.Condition()
+        self.lock = threading.RLock()  # over everything below; conditions on it:
+        self.cond = threading.Condition(self.lock)  # (for callers that hold it; each feed waits on its own)
+        self.wake = threading.Condition(self.lock)  # idle workers wait on this one (woken one at a time)
+        self.feeds: set[_Feed] = set()  # the running searches' feeds
         self.groups: dict[tuple, _Group] = {}
         self.queued = 0  # sentences accepted and not finished (waiting or being decoded)
         self.closing = False
@@ -131,8 +140,12 @@ class Engine:
         self.dropped = 0  # sentences given up (their request timed out or failed)
         self.batches = 0  # batches handed to the search (fewer than sentences: requests shared them)
         self.started_at = time.monotonic()
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self.thread.start()
+        self.turns = Turns()
+        self.idle = 0  # workers waiting for a group to search
+        self.threads = [threading.Thread(target=self._run, name=f"{name}-{i}" if i else name, daemon=True)
+                        for i in range(SEARCHES)]
+        for thread in self.threads:
+            thread.start()
 
     @property
     def parameters(self) -> int:
@@ -184,8 +197,13 @@ class Engine:
                 first = not group.waiting  # the encoding thread's time limit starts with it
                 group.waiting.extend((next(self.arrivals), job, i, now) for i in todo)
                 self.queued += len(todo)
-                if first or group.worth_encoding():
-                    self.cond.notify_all()
+                if group.feed is not None:
+                    if first or group.worth_encoding():
+                        group.feed.cond.notify_all()
+                elif first:
+                    self.wake.notify()
+                    if not self.idle:  # the running searches drain
+                        self._notify_feeds()
         if not todo:
             on_finish(job)
         return job
@@ -200,9 +218,12 @@ class Engine:
         """Take no new work; the worker finishes what was accepted, then ends."""
         with self.cond:
             self.closing = True
-            self.cond.notify_all()
+            self.wake.notify_all()
+            self._notify_feeds()
         if wait:
-            self.thread.join(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            for thread in self.threads:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def stats(self) -> dict:
         with self.cond:
@@ -213,16 +234,20 @@ class Engine:
     # ------------------------------------------------------------------ the worker
 
     def _run(self) -> None:
+        """A worker: search the group waiting longest that no other worker searches, until it has nothing left."""
         while True:
             with self.cond:
-                while not self._waiting_groups() and not self.closing:
-                    self.cond.wait()
-                groups = self._waiting_groups()
-                if not groups:
+                self.idle += 1
+                while not (keys := self._unsearched()) and not self.closing:
+                    self.wake.wait()
+                self.idle -= 1
+                if not keys:
                     return  # closing and nothing left
-                key = min(groups, key=lambda k: self.groups[k].waiting[0][0])  # the one waiting longest
+                key = min(keys, key=lambda k: self.groups[k].waiting[0][0])  # the one waiting longest
                 group = self.groups[key]
-            feed = _Feed(self, key)
+                group.feed = feed = _Feed(self, key)
+                self.feeds.add(feed)
+            feed.start()
             try:
                 decode_batches(self.translator.model, (), group.cfg, generator=group.generator, feed=feed,
                                on_done=feed.done)
@@ -230,13 +255,29 @@ class Engine:
                 traceback.print_exc(file=sys.stderr)
                 feed.fail(f"{type(exc).__name__}: {exc}".splitlines()[0])
             finally:
+                self.turns.leave(feed)
                 feed.close()
             with self.cond:
-                if key in self.groups and not self.groups[key].waiting:
+                group.feed = None
+                self.feeds.discard(feed)
+                if group.waiting:
+                    self.wake.notify()  # (came after the search decided to end: another worker, or this one)
+                elif self.groups.get(key) is group:
                     del self.groups[key]
+                self._notify_feeds()  # (a worker is free again: searches that drained may take sentences again)
 
-    def _waiting_groups(self) -> list[tuple]:
-        return [k for k, g in self.groups.items() if g.waiting]
+    def _unsearched(self) -> list[tuple]:
+        """(holding the lock) Groups with sentences waiting and no search."""
+        return [k for k, g in self.groups.items() if g.waiting and g.feed is None]
+
+    def _starved(self) -> bool:
+        """(holding the lock) A group waits for a worker and none is free: the running searches drain."""
+        return not self.idle and any(g.waiting and g.feed is None for g in self.groups.values())
+
+    def _notify_feeds(self) -> None:
+        """(holding the lock) Wake every running search's threads to look again (the workers' state changed)."""
+        for feed in self.feeds:
+            feed.cond.notify_all()
 
     def _finished(self, n: int, dropped: bool = False) -> None:
         """Count n finished (or dropped) sentences (called holding the lock)."""
@@ -255,6 +296,7 @@ class _Feed:
         self.engine, self.key = engine, key
         self.group = engine.groups[key]
         self.owners: dict[int, tuple[Job, int]] = {}  # sentence id -> (job, index)
+        self.requests: Counter[Job] = Counter()  # the jobs handed out, with their sentences not yet finished
         self.next_id = 0
         self.cancellations = engine.cancellations  # cancellations seen
         self.ready: deque[Sources] = deque()  # encoded batches (with their cache), in the order of their ids
@@ -262,12 +304,12 @@ class _Feed:
         self.running = self.group.running = 0  # sentences the search decoded at its last look
         self.stopped = False
         self.error: Exception | None = None  # the encoding failed (raised in the search's thread)
+        self.cond = threading.Condition(engine.lock)  # its encoding thread and its search wait on this
         self.thread = threading.Thread(target=self._encode, name=f"{threading.current_thread().name}-encode",
                                        daemon=True)
-        self.thread.start()
 
-    def _others_waiting(self) -> bool:
-        return any(g.waiting for k, g in self.engine.groups.items() if k != self.key)
+    def start(self) -> None:
+        self.thread.start()
 
     def _encode(self) -> None:
         """The encoding thread: while the search has room, the waiting sentences as one batch, encoded. A failure
@@ -280,7 +322,7 @@ class _Feed:
         except Exception as exc:
             with engine.cond:
                 self.error, self.encoding = exc, 0
-                engine.cond.notify_all()
+                self.cond.notify_all()
 
     def _encode_next(self) -> bool:
         """Wait for sentences to encode and encode them as one batch; False once the feed is closed."""
@@ -290,19 +332,25 @@ class _Feed:
                 if self.stopped:
                     return False
                 room = self._room()
-                live = self._live() if room > 0 and not self._others_waiting() else 0
+                live = self._live() if room > 0 and not self._draining() else 0
                 wait = JOIN_WAIT_S - (time.monotonic() - self.group.waiting[0][3]) if live else None
                 if live and (self.group.worth_encoding() or wait <= 0):
                     batch = self._take(room)
                     self.encoding = batch.src.size(0)
                     break
-                engine.cond.wait(wait)
+                self.cond.wait(wait)
         cache = encode_batch(engine.translator.model, batch.src, batch.src_pad_mask)
         with engine.cond:
             self.ready.append(batch._replace(cache=cache))
             self.encoding = 0
-            engine.cond.notify_all()
+            self.cond.notify_all()
         return True
+
+    def _draining(self) -> bool:
+        """(holding the lock) Whether to take no more sentences: a group waits for a worker and none is free. A
+        search takes its first batch whatever waits (else searches that end at once could pass the workers round
+        for ever)."""
+        return self.next_id > 0 and self.engine._starved()
 
     def _check(self, running: int) -> None:
         """(holding the lock) Raise the encoding's failure; note the running sentences (room for the encoder)."""
@@ -312,7 +360,7 @@ class _Feed:
             full = self._room() <= 0
             self.group.running = running
             if full or self.group.worth_encoding():  # room again, or enough waiting now
-                self.engine.cond.notify_all()
+                self.cond.notify_all()
         self.running = self.group.running = running
 
     def _room(self) -> int:
@@ -320,6 +368,7 @@ class _Feed:
         return self.engine.max_sentences - self.running - sum(b[0].size(0) for b in self.ready)
 
     def poll(self, running: int):
+        self.engine.turns.take(self, len(self.requests))  # (a step's end: the next one when it is this search's turn)
         with self.engine.cond:
             self._check(running)
             return self.ready.popleft() if self.ready else None
@@ -328,7 +377,7 @@ class _Feed:
         """The search ended: stop the encoding thread."""
         with self.engine.cond:
             self.stopped = True
-            self.engine.cond.notify_all()
+            self.cond.notify_all()
         self.thread.join()
 
     def abandoned(self, sentences: list[int]) -> list[int]:
@@ -339,23 +388,26 @@ class _Feed:
             self.cancellations = engine.cancellations
             gone = [k for k, s in enumerate(sentences) if self.owners[s][0].cancelled]
             for k in gone:
-                del self.owners[sentences[k]]
+                self._release(self.owners.pop(sentences[k])[0])
             engine._finished(len(gone), dropped=True)
             return gone
 
     def wait(self):
+        """Nothing runs: the next batch, or None to end the search (nothing left, or a group waits for a worker)."""
         engine = self.engine
+        engine.turns.leave(self)  # (no step until there is a batch)
         with engine.cond:
             while True:
                 self._check(0)
                 if self.ready:
-                    return self.ready.popleft()
-                if not self.encoding:
-                    if self._others_waiting():
-                        return None
-                    if not self._live() and engine.closing:
-                        return None
-                engine.cond.wait()
+                    batch = self.ready.popleft()
+                    break
+                if not self.encoding and (self._draining() or not self._live()):
+                    self.stopped = True  # (at once: the encoding thread takes nothing for a search that ends)
+                    return None
+                self.cond.wait()
+        engine.turns.take(self, len(self.requests))
+        return batch
 
     def _live(self) -> int:
         """Waiting sentences whose requests still want them (cancelled ones are dropped here)."""
@@ -387,6 +439,7 @@ class _Feed:
             width = w
         for row, (job, i) in enumerate(taken):
             self.owners[self.next_id + row] = (job, i)
+            self.requests[job] += 1
         self.next_id += len(taken)
         self.engine.batches += 1
         return source_batch([job.sources[i] for job, i in taken], tr.device)
@@ -398,11 +451,18 @@ class _Feed:
         tr.tgt_tokens += len(hyps[0].tokens) + 1 if hyps else 0
         job.results[i] = hyps
         with self.engine.cond:
+            self._release(job)
             self.engine._finished(1)
             job.remaining -= 1
             last = job.remaining == 0
         if last:
             job.on_finish(job)
+
+    def _release(self, job: Job) -> None:
+        """(holding the lock) One of `job`'s sentences left the search."""
+        self.requests[job] -= 1
+        if not self.requests[job]:
+            del self.requests[job]
 
     def fail(self, message: str) -> None:
         """The search failed: every request with a sentence in it fails (once)."""
@@ -410,6 +470,7 @@ class _Feed:
         with self.engine.cond:
             self.engine._finished(len(self.owners), dropped=True)
             self.owners.clear()
+            self.requests.clear()
             for job in jobs:  # its sentences still waiting are dropped too
                 job.cancel()
             self.engine.cancellations += 1

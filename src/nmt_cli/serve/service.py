@@ -71,7 +71,8 @@ class Model:
     name: str  # as given with -m
     source: str
     target: str
-    engine: Engine
+    engine: Engine  # a multilingual model's directions share one
+    tag: str | None = None  # a multilingual model: the target's code in its `>>xx<<` tag, put before each line
 
     @property
     def translator(self) -> Translator:
@@ -202,6 +203,8 @@ class Service:
         if len(lines) > self.limits.batch_limit:
             raise RequestError(413, f"q has {len(lines)} lines; this server takes at most "
                                     f"{self.limits.batch_limit} per request")
+        if model.tag is not None:  # the request's target, whatever tag a line may start with
+            lines = [f">>{model.tag}<< {line}" if line.strip() else line for line in lines]
         return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, spans, docs)
 
     def default_config(self, model: Model) -> SearchConfig:
@@ -331,7 +334,8 @@ class Service:
         for (s, t), m in sorted(self.models.items()):
             tr = m.translator
             models.append({
-                "model": m.name, "source": s, "target": t, "device": str(tr.device), "precision": self.precision,
+                "model": m.name, "source": s, "target": t, "tag": m.tag and f">>{m.tag}<<", "device": str(tr.device),
+                "precision": self.precision,
                 "parameters": m.engine.parameters,
                 "defaults": {name: getattr(m.engine.default, attr) for name, (attr, _) in SEARCH_FIELDS.items()},
                 "max_tokens": m.engine.max_tokens, **m.engine.stats(),
@@ -417,3 +421,26 @@ def _check_text(text: str) -> None:
 
 def _one_line(text: str) -> str:
     return text.replace("\r", " ").replace("\n", " ") if ("\n" in text or "\r" in text) else text
+
+
+def directions(langs: dict, tags: list[str], pair: tuple[str, str] | None = None) -> list[tuple[str, str, str | None]]:
+    """The (source, target, tag code) a model serves. One direction: its pair, no tag. A multilingual model (its
+    tokenizer's `>>xx<<` codes, `tags`): one per target it knows, named by its ISO 639-1 code where there is one
+    (`>>fra<<` serves `fr`, as LibreTranslate's clients ask), from each source its checkpoint records (nmt's own:
+    the directions it was trained on; an imported OPUS-MT model: its source language) or `pair`'s source (--langs
+    en-mul: every target; --langs en-fr: that one)."""
+    from nmt_cli.languages import base, resolve
+
+    src, tgt = pair or (langs.get("src"), langs.get("tgt"))
+    if not tags:
+        return [(src, tgt, None)] if src and tgt else []
+    names = [base(code) for code in tags]
+    codes = {code: name if names.count(name) == 1 else code for code, name in zip(tags, names, strict=True)}
+    if pair is not None and pair[1] != "mul":
+        return [(pair[0], pair[1], resolve(pair[1], tags))]  # (a ConfigError naming the model's languages)
+    trained = [tuple(d) for d in langs.get("directions", [])] if pair is None else []
+    if trained:
+        return [(s, codes[resolve(t, tags)], resolve(t, tags)) for s, t in trained]
+    if not src or src == "mul":
+        return []
+    return [(src, name, code) for code, name in codes.items() if name != src]

@@ -79,6 +79,8 @@ class TrainConfig:
     valid_every: int | None = None  # updates; None: at every checkpoint save
     valid_bleu: bool = False
     valid_beam: int = defaults.BEAM
+    # multilingual data
+    lang_temperature: float = 5.0  # directions sampled by size ** (1 / T) (data/multilingual.py); 1: as the data is
     # machine
     precision: str = "auto"  # one of precision.TRAIN_PRECISIONS
     gpus: int | None = None  # None: 1 GPU when CUDA is available, else CPU
@@ -112,7 +114,7 @@ class TrainConfig:
                 raise ConfigError(f"--max-tokens must be a positive integer or 'auto', got {self.max_tokens!r}") from exc
         positive = ("lr", "warmup", "max_tokens", "update_tokens", "max_steps", "max_epochs", "max_time", "patience",
                     "save_every", "save_every_minutes", "keep_last", "average_last", "valid_every", "threads",
-                    "dist_timeout")
+                    "dist_timeout", "lang_temperature")
         for name in positive:
             value = getattr(self, name)
             if value is not None and value != "auto" and value <= 0:

@@ -41,7 +41,7 @@ from nmt_cli.training.reader import TrainReader, Update
 from nmt_cli.training.runtime import DTYPES, Runtime, Votes, data_parallel
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 from nmt_cli.training.signals import StopSignals
-from nmt_cli.training.validate import Best, Validator
+from nmt_cli.training.validate import Best, PerDirection, Validator
 
 Progress = Callable[[dict], None]
 MIN_FP16_SCALE = 2.0**-10
@@ -271,14 +271,18 @@ class Trainer:
     # -- validation -----------------------------------------------------------------------------------------------
 
     @functools.cached_property
-    def validator(self) -> Validator | None:
+    def validator(self) -> Validator | PerDirection | None:
         """The valid split dealt to this rank (validate.py); None without one. Made at the first validation, after
         the batch sizes are final."""
         if self.valid_data is None or not len(self.valid_data):
             return None
         cfg = self.cfg
-        return Validator(self.valid_data, self.tokenizer, self.rt, self.plan.batching.max_tokens, cfg.label_smoothing,
-                         self.plan.model_config.max_positions, cfg.valid_beam if cfg.valid_bleu else None)
+        args = (self.tokenizer, self.rt, self.plan.batching.max_tokens, cfg.label_smoothing,
+                self.plan.model_config.max_positions, cfg.valid_beam if cfg.valid_bleu else None)
+        directions = self.valid_data.directions("valid")
+        if directions:  # a multilingual run: each direction on its own, their mean for "best"
+            return PerDirection({key: Validator(rows, *args) for key, rows in directions.items() if len(rows)})
+        return Validator(self.valid_data, *args)
 
     def validate(self) -> dict | None:
         """Loss, nll and perplexity on the valid split, plus BLEU when asked: sharded over the ranks, the same

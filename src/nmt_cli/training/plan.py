@@ -17,6 +17,7 @@ from nmt_cli import __version__
 from nmt_cli.checkpoints.atomic import write_text
 from nmt_cli.checkpoints.format import load, write_error
 from nmt_cli.config import ModelConfig, preset
+from nmt_cli.data import multilingual
 from nmt_cli.data.batching import LengthOrder, shape_batches
 from nmt_cli.data.store import SPM_MODEL, ParallelData, check_vocab_size, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
@@ -55,6 +56,7 @@ class RunPlan:
     keep_last: int
     average_last: int  # checkpoints averaged into averaged.pt at the end (0: none)
     langs: dict
+    rows: np.ndarray | None  # a multilingual run's training rows of an epoch (sampled by --lang-temperature); None: all
     resume_from: str | None
     finished: dict | None  # RUN_DIR's run already reached this run's stop (nothing is trained): `_finished`
     init_from: str | None  # a checkpoint file whose weights start the run (fine-tuning), when not resuming
@@ -96,7 +98,8 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     if longest > model_config.max_positions:
         raise ConfigError(f"{data_dir} has a sentence of {longest} tokens but the model takes at most "
                           f"{model_config.max_positions}; prepare with a lower --max-len or raise --max-positions")
-    batching, batches = _batch(cfg, launch, model_config, train)
+    rows = multilingual.sampled_rows(manifest, cfg.lang_temperature, cfg.seed)
+    batching, batches = _batch(cfg, launch, model_config, train, rows)
     if "valid" in manifest["splits"]:
         ParallelData(data_dir, "valid", manifest)  # present and consistent
     sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
@@ -115,18 +118,40 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
         warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=max_steps,
         save_every=resolve_save_every(cfg, max_steps), save_minutes=resolve_save_minutes(cfg),
         keep_last=resolve_keep_last(cfg), average_last=resolve_average_last(cfg),
-        langs={"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}, resume_from=resume_from,
+        langs=_langs(manifest), rows=rows, resume_from=resume_from,
         finished=_finished(cfg, state, max_steps),
         init_from=init_from, has_valid="valid" in manifest["splits"],
-        mean_tgt_tokens=float(train.tgt_lengths.sum()) / len(batches),
-        mean_src_tokens=float(train.src_lengths.sum()) / len(batches),
+        mean_tgt_tokens=float(_order(train, rows).tgt.sum()) / len(batches),
+        mean_src_tokens=float(_order(train, rows).src.sum()) / len(batches),
         batches=(np.concatenate(batches), sizes),
         **_threads(cfg, launch, env),
     )
 
 
-def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
-           train: ParallelData) -> tuple[BatchPlan, list[np.ndarray]]:
+def _langs(manifest: dict) -> dict:
+    """The run's languages, as checkpoints record them: {src, tgt} and, for a multilingual model, its directions
+    and tags ({"directions": [["en", "de"], ...], "tags": {"de": ">>de<<", ...}})."""
+    langs = {"src": manifest["src_lang"], "tgt": manifest["tgt_lang"]}
+    if "directions" in manifest:
+        langs["directions"] = [[d["src"], d["tgt"]] for d in manifest["directions"]]
+        langs["tags"] = (manifest.get("tags") or {}).get("tags", {})
+    return langs
+
+
+def _order(train: ParallelData, rows: np.ndarray | None) -> LengthOrder:
+    """The lengths of the rows an epoch trains on (`rows`: sampled by direction; None: every row once)."""
+    if rows is None:
+        return LengthOrder(train.src_lengths, train.tgt_lengths)
+    return LengthOrder(train.src_lengths[rows], train.tgt_lengths[rows])
+
+
+def _rows(batches: list[np.ndarray], rows: np.ndarray | None) -> list[np.ndarray]:
+    """Batches of positions in `rows` -> batches of rows of the data."""
+    return batches if rows is None else [rows[b] for b in batches]
+
+
+def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig, train: ParallelData,
+           rows: np.ndarray | None = None) -> tuple[BatchPlan, list[np.ndarray]]:
     """The batch plan and the training batches (packed once here; every process gets them with the plan).
 
     A default micro-batch (no --max-tokens, or auto) is sized in real target tokens. How many real target tokens
@@ -137,7 +162,7 @@ def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
     made (`real_update_freq`)."""
     gpu_memory = _gpu_memory(launch)
 
-    lengths = LengthOrder(train.src_lengths, train.tgt_lengths)
+    lengths = _order(train, rows)
     tgt_tokens, longest = float(lengths.tgt.sum()), int(lengths.key.max())
     default = cfg.max_tokens in (None, "auto")
 
@@ -153,8 +178,8 @@ def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
         batching = plan_for(tgt_tokens / float(lengths.key.sum()))
         n = len(lengths.sizes(batching.max_tokens))
         batching = plan_for(tgt_tokens / (n * batching.max_tokens))
-    batches = train_batches(lengths, batching.max_tokens,
-                            model_config.max_positions if cfg.compile and cfg.compile_shapes == "buckets" else None)
+    batches = _rows(train_batches(lengths, batching.max_tokens, model_config.max_positions
+                                  if cfg.compile and cfg.compile_shapes == "buckets" else None), rows)
     if cfg.update_freq == "auto":
         batching = dataclasses.replace(batching, update_freq=real_update_freq(batching, tgt_tokens / len(batches)))
     return batching, batches
@@ -163,14 +188,14 @@ def _batch(cfg: TrainConfig, launch: Launch, model_config: ModelConfig,
 def repacked(plan: RunPlan, batching: BatchPlan, train: ParallelData) -> RunPlan:
     """`plan` with the training batches packed again for `batching` (--max-tokens auto's probe found another
     micro-batch), and --update-freq auto counted again (`real_update_freq`)."""
-    batches = train_batches(LengthOrder(train.src_lengths, train.tgt_lengths), batching.max_tokens,
-                            bucket_positions(plan))
-    mean_tgt = float(train.tgt_lengths.sum()) / len(batches)
+    lengths = _order(train, plan.rows)
+    batches = _rows(train_batches(lengths, batching.max_tokens, bucket_positions(plan)), plan.rows)
+    mean_tgt = float(lengths.tgt.sum()) / len(batches)
     if plan.cfg.update_freq == "auto":
         batching = dataclasses.replace(batching, update_freq=real_update_freq(batching, mean_tgt))
     sizes = np.fromiter(map(len, batches), dtype=np.int64, count=len(batches))
     return dataclasses.replace(plan, batching=batching, batches=(np.concatenate(batches), sizes),
-                               mean_tgt_tokens=mean_tgt, mean_src_tokens=float(train.src_lengths.sum()) / len(batches))
+                               mean_tgt_tokens=mean_tgt, mean_src_tokens=float(lengths.src.sum()) / len(batches))
 
 
 def bucket_positions(plan: RunPlan) -> int | None:

@@ -1,5 +1,6 @@
 """Validation of a training run, sharded over every rank: the loss on the valid split and, with --valid-bleu, the
-corpus BLEU of its translations, decoded as `nmt translate` decodes them.
+corpus BLEU of its translations, decoded as `nmt translate` decodes them; a multilingual run's per direction and
+their mean (`PerDirection`).
 
     deal:   the valid sentences, longest first, to the ranks in turn (the k-th longest to rank k mod N), once
     loss:   each rank batches its share and sums label-smoothed loss, nll and target tokens in float64; one all-reduce
@@ -128,6 +129,23 @@ class Validator:
             texts = self.tokenizer.decode([hyps[i] for i in range(len(self.data))])
             score = float(sacrebleu.corpus_bleu(texts, [self._refs]).score)
         return self.rt.broadcast_float(score)
+
+
+class PerDirection:
+    """A multilingual run's validation: one Validator per direction (its rows of the valid split). The figures of
+    each are under "directions"; valid_nll, valid_loss and valid_bleu are their means (every direction counts the
+    same, whatever its size: "best" and --patience follow the mean), valid_ppl is exp(mean valid_nll)."""
+
+    def __init__(self, validators: dict[str, Validator]):
+        self.validators = validators
+
+    def __call__(self, module, step: int) -> dict:
+        per = {key: v(module, step) for key, v in self.validators.items()}  # a collective each, in the same order
+        out = {name: float(np.mean([p[name] for p in per.values()])) for name in next(iter(per.values()))
+               if name != "valid_ppl"}
+        out["valid_ppl"] = math.exp(min(out["valid_nll"], 50.0))
+        out["directions"] = per
+        return out
 
 
 @dataclass
