@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 DEMO_STEPS ?= 1200
 
-.PHONY: install test test-all test-lowest test-transformers4 wheel-check demo lint bench clean
+.PHONY: install test test-fuzz test-all test-lowest test-transformers4 wheel-check demo lint bench clean
 
 install: $(VENV)/.installed
 
@@ -42,6 +42,14 @@ $(VENV)/.serve: $(VENV)/.installed
 
 test: install $(VENV)/.export $(VENV)/.serve
 	$(BIN)/python -m pytest
+
+# The slow tests CI runs too (~6 min on 2 cores): the HTTP API fuzzed from its /spec (schemathesis, a fixed seed and
+# number of examples per endpoint), nmt translate on every kind of bad input, and the writers on a full disk and
+# killed (a few times each; bench/faults.py kills each 20 times). The 1-minute soak of nmt serve
+# (tests/test_serve_soak.py) is a slow test outside CI.
+FUZZ_TESTS ?= tests/test_serve_fuzz.py tests/test_translate_fuzz.py tests/test_faults.py
+test-fuzz: install $(VENV)/.export $(VENV)/.serve
+	$(BIN)/python -m pytest -m slow $(FUZZ_TESTS)
 
 test-all: install $(VENV)/.export $(VENV)/.serve
 	$(BIN)/python -m pytest -m ""

@@ -18,12 +18,21 @@
 5. steps 1, 3 and 4 again, --rounds times in all (the server keeps running): each round's ratio is against its own
    offline run, and the median over the rounds is printed last (a shared machine's speed drifts between runs).
 Bounded: every response must come within 120 s and the server is stopped (SIGTERM) at the end, whatever happens.
+
+  python bench/serve.py --checkpoint CKPT --soak [--minutes 10] [--clients 128] [--json FILE]
+
+--soak: the server alone under C clients (default 128) sending the file's lines round and round for --minutes:
+requests answered, failed (any status but 200, or no answer within 120 s) and lost (sent, never answered); the
+resident memory of the server and its engine processes, sampled every 2 s, at the end of the warm-up (the first
+tenth of the time, at least 10 s) and at the end; p99 latency in the first and the last window (a tenth of the
+time, at most a minute) after the warm-up.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import json
 import os
@@ -180,6 +189,83 @@ async def load(url: str, lines: list[str], clients: int, short: str | None = Non
 TARGET = "de"
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process and the processes it started (/proc: Linux)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    own = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return own + sum(rss_bytes(int(child)) for child in children)
+
+
+async def soak(url: str, pid: int, lines: list[str], clients: int, seconds: float) -> dict:
+    """`clients` keep-alive clients sending `lines` round and round for `seconds`; the figures of --soak."""
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    start = time.perf_counter()
+    done: list[tuple[float, float]] = []  # (when answered, latency) of each 200
+    counts = {"sent": 0, "failed": 0}
+    memory: list[tuple[float, int]] = []
+    stop = asyncio.Event()
+
+    async def sample():
+        while not stop.is_set():
+            memory.append((time.perf_counter() - start, rss_bytes(pid)))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), 2)
+
+    async def worker(k: int):
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        i = k
+        try:
+            while time.perf_counter() - start < seconds:
+                body = json.dumps({"q": lines[i % len(lines)], "source": "auto", "target": TARGET}).encode()
+                i += clients
+                counts["sent"] += 1
+                t0 = time.perf_counter()
+                writer.write(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 120)
+                except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                    counts["failed"] += 1
+                    return
+                status = int(head.split(b" ", 2)[1])
+                length = next(int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                              if h.lower().startswith(b"content-length:"))
+                payload = await reader.readexactly(length)
+                if status == 200:
+                    done.append((time.perf_counter() - start, time.perf_counter() - t0))
+                else:
+                    counts["failed"] += 1
+                    print(f"  {status}: {payload[:200]!r}", file=sys.stderr)
+        finally:
+            writer.close()
+
+    sampler = asyncio.create_task(sample())
+    await asyncio.gather(*(worker(k) for k in range(clients)))
+    stop.set()
+    await sampler
+    memory.append((time.perf_counter() - start, rss_bytes(pid)))
+    warmup = max(10.0, seconds / 10)
+    window = min(60.0, seconds / 10)
+    after = [m for t, m in memory if t >= warmup]
+    first = [lat for t, lat in done if warmup <= t < warmup + window]
+    last = [lat for t, lat in done if t >= seconds - window]
+
+    def p99(xs: list[float]) -> float:
+        return statistics.quantiles(xs, n=100)[98] if len(xs) >= 2 else float("nan")
+
+    return {"clients": clients, "seconds": round(time.perf_counter() - start, 1), "answered": len(done),
+            "failed": counts["failed"], "lost": counts["sent"] - len(done) - counts["failed"],
+            "rss_after_warmup_mb": round(after[0] / 2**20, 1), "rss_end_mb": round(memory[-1][1] / 2**20, 1),
+            "rss_max_mb": round(max(after) / 2**20, 1),
+            "rss_growth_pct": round(100 * (memory[-1][1] - after[0]) / after[0], 2),
+            "p99_first_ms": round(1000 * p99(first), 1), "p99_last_ms": round(1000 * p99(last), 1),
+            "p99_last_over_first": round(p99(last) / p99(first), 3), "warmup_s": warmup, "window_s": window}
+
+
 def main() -> None:
     global TARGET
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,10 +283,27 @@ def main() -> None:
                          "p99 latency beside the load's (short50, short99; '' for none)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="offline and server runs in turn this many times (the machine's speed drifts)")
+    ap.add_argument("--soak", action="store_true", help="the server alone under --clients (default 128) for --minutes")
+    ap.add_argument("--minutes", type=float, default=10, help="--soak: how long")
+    ap.add_argument("--json", default=None, help="--soak: also write the figures to this file")
     a = ap.parse_args()
     TARGET = a.target
     lines = Path(a.input).read_text(encoding="utf-8").splitlines()[: a.limit]
     options = {"beam": a.beam}
+    if a.soak:
+        clients = a.clients[0] if a.clients != [8, 32, 128] else 128
+        proc, url = start_server(a.checkpoint, a.threads, options, queue=max(1024, 2 * clients),
+                                 flags=("--no-engine-process",) if a.no_engine_process else ())
+        try:
+            figures = asyncio.run(soak(url, proc.pid, lines, clients, 60 * a.minutes))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(120)
+        figures["server_exit"] = code
+        print(json.dumps(figures))
+        if a.json:
+            Path(a.json).write_text(json.dumps(figures, indent=1) + "\n")
+        return
     print(f"input: {a.input} ({len(lines)} lines), checkpoint {a.checkpoint}, beam {a.beam}, {a.threads} thread(s), "
           f"{a.rounds} round(s)")
     from nmt_cli.serve.engine import Engine

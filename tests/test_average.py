@@ -94,3 +94,21 @@ def test_cli_average_bad_input(tmp_path, toy_tokenizer_bytes):
     r = run_nmt("average", tmp_path / "missing.pt", "-o", tmp_path / "x.pt")
     assert r.returncode == 1 and "missing.pt" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "x.pt").exists()
+
+
+def test_cli_average_onto_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, toy_tokenizer_bytes):
+    """The averaged checkpoint (~3 MB) onto a 1 MB filesystem: one line naming the file and the full disk, exit 1,
+    no temporary file; the previous average, where there was one, kept whole."""
+    from helpers_faults import leftovers, small_filesystem
+
+    write_run(tmp_path / "run", toy_tokenizer_bytes, steps=(10, 20), d_model=128, d_ff=512)
+    with small_filesystem(tmp_path / "small", "1m") as small:
+        done = run_nmt("average", "--last", "2", tmp_path / "run", "-o", small / "avg.pt")
+        assert done.returncode == 1, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "avg.pt" in lines[0] and "No space left on device" in lines[0], done.stderr
+        assert "Traceback" not in done.stderr and list(small.iterdir()) == [] and leftovers(small) == []
+        (small / "avg.pt").write_bytes(b"previous")
+        done = run_nmt("average", "--last", "2", tmp_path / "run", "-o", small / "avg.pt")
+        assert done.returncode == 1 and "keeps its previous content" in done.stderr, done.stderr
+        assert (small / "avg.pt").read_bytes() == b"previous" and leftovers(small) == []

@@ -144,3 +144,20 @@ def test_interrupted_save_leaves_old_checkpoint_valid(tmp_path, small_ckpt, monk
     assert not list(tmp_path.glob("*.tmp"))
     monkeypatch.undo()
     assert load(path).train_state["step"] == 7
+
+
+def test_a_writer_library_error_hiding_the_full_disk_is_reported_as_the_full_disk(tmp_path, small_ckpt, monkeypatch):
+    """torch's zip writer, failing again as it closes after the disk filled up, raises RuntimeError("unexpected
+    pos ...") while handling the OSError: the user hears the OSError, in the one line of write_error."""
+    path = tmp_path / "m.pt"
+
+    def full_then_enforce_fail(obj, f):
+        try:
+            raise OSError(28, "No space left on device")
+        finally:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 3090560 vs 3090448")
+
+    monkeypatch.setattr(ckpt_mod.torch, "save", full_then_enforce_fail)
+    with pytest.raises(CheckpointError, match=r"cannot write .*m\.pt: No space left on device; m\.pt was not written"):
+        save(small_ckpt, path)
+    assert not list(tmp_path.iterdir())

@@ -114,6 +114,19 @@ def test_detect_bad_input(server, body, status, message):
     assert message in error_of(r, status)
 
 
+@pytest.mark.parametrize("endpoint,body", [
+    ("/detect", {"q": "the cat"}),
+    ("/translate", {"q": "the cat", "source": "en", "target": "de"}),
+    ("/suggest", {"q": "the cat", "s": "die Katze", "source": "en", "target": "de"}),
+])
+@pytest.mark.parametrize("key", [True, 5, ["k"], {}])
+def test_an_api_key_that_is_not_a_string_is_refused_even_where_none_is_required(server, endpoint, body, key):
+    """Found by the fuzzing of /spec (tests/test_serve_fuzz.py): /spec says api_key is a string, and a server
+    without --api-keys took any JSON value."""
+    r = httpx.post(server.url + endpoint, json={**body, "api_key": key})
+    assert error_of(r, 400) == "Invalid request: api_key must be a string"
+
+
 def test_source_auto_detects_and_translates(server, reference):
     r = httpx.post(server.url + "/translate", json={"q": FRENCH, "source": "auto", "target": "de"}).json()
     assert r["detectedLanguage"]["language"] == "fr" and 50 < r["detectedLanguage"]["confidence"] <= 100

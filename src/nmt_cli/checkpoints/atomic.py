@@ -8,9 +8,12 @@ made durable): a crash, a full disk or Ctrl-C at any moment leaves either the ol
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
 def _umask() -> int:
@@ -46,8 +49,11 @@ def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OS
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        if isinstance(exc, OSError) and on_error is not None:
-            raise on_error(path, exc) from exc
+        cause = os_error_behind(exc)
+        if cause is not None and on_error is not None:
+            raise on_error(path, cause) from exc
+        if cause is not None and cause is not exc:
+            raise cause from exc
         raise
     try:  # make the rename itself durable
         dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -57,6 +63,24 @@ def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OS
             os.close(dir_fd)
     except OSError:
         pass
+
+
+def os_error_behind(exc: BaseException) -> OSError | None:
+    """The OSError that `exc` is, or that it was raised while handling (its __cause__/__context__ chain): a writer
+    library may hide the system's error behind its own (torch's zip writer, failing again as it closes after a full
+    disk, raises RuntimeError "unexpected pos" whose context is the OSError "No space left on device"), or carry it
+    only in its text (a library written in Rust, such as safetensors: "I/O error: ... (os error 28)")."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        rust = _RUST_OS_ERROR.search(str(exc))  # safetensors' SafetensorError: "... (os error 28)"
+        if rust:
+            errno = int(rust.group(1))
+            return OSError(errno, os.strerror(errno))
+        seen.add(id(exc))
+        exc = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
+    return None
 
 
 def write_bytes(path: str | os.PathLike, data: bytes, on_error=None) -> None:

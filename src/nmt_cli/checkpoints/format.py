@@ -29,6 +29,7 @@ import torch
 from nmt_cli import __version__
 from nmt_cli.checkpoints.atomic import atomic_write
 from nmt_cli.config import ModelConfig
+from nmt_cli.data.tokenizer import is_sentencepiece_model
 from nmt_cli.errors import CheckpointError
 
 FORMAT = "nmt-checkpoint"
@@ -178,7 +179,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap
         )
     try:
         config = ModelConfig.from_dict(data["model_config"])
-        return Checkpoint(
+        ckpt = Checkpoint(
             model_config=config,
             model_state=data["model"],
             tokenizer=data["tokenizer"].numpy().tobytes(),
@@ -190,3 +191,8 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap
         )
     except (KeyError, AttributeError, TypeError) as exc:
         raise CheckpointError(f"{path}: checkpoint is missing or has a malformed field ({exc}); it may be damaged") from exc
+    for name, model in (("tokenizer", ckpt.tokenizer), ("target tokenizer", ckpt.target_tokenizer)):
+        if model is not None and not is_sentencepiece_model(model):
+            raise CheckpointError(f"{path}: its {name} is not a valid sentencepiece model (a damaged file?); use "
+                                  "another checkpoint")
+    return ckpt

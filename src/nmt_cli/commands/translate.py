@@ -200,6 +200,7 @@ def register(app: typer.Typer) -> None:
                  "--no-cuda-graphs launches them one by one.",
         ),
     ) -> None:
+        from nmt_cli.checkpoints.atomic import atomic_write
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
         from nmt_cli.inference import translate as core
         from nmt_cli.runtime import cpus
@@ -231,23 +232,36 @@ def register(app: typer.Typer) -> None:
             if cuda_graphs is True and translator.graphs is None:
                 note_line("--cuda-graphs has no effect here: it replays a GPU's decoding steps, for one model (not "
                           "on a CPU, not for an ensemble)")
-            sink = stack.enter_context(_open_output(output)) if output is not None else sys.stdout.buffer
+            if output is not None:
+                _check_output(output)
             if sampler is not None and translator.device.type == "cpu":
                 choice = sampler.threads()
                 core.set_threads(choice.threads)
                 if choice.threads < cpus.core_count():
                     note_line(f"threads: {choice.reason} (--threads N to choose)")
+            if output is not None:  # whole or not at all: a failure or a kill leaves the previous file
+                atomic_write(output, lambda f: core.translate_stream(translator, src, f, prefixes=prefixes),
+                             _output_error)
+                return
             try:
-                core.translate_stream(translator, src, sink, prefixes=prefixes)
+                core.translate_stream(translator, src, sys.stdout.buffer, prefixes=prefixes)
             except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other Unix tools do
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 raise typer.Exit(0) from None
 
 
-def _open_output(path: Path):
+def _check_output(path: Path) -> None:
     from nmt_cli.errors import DataError
 
-    try:
-        return open(path, "wb")
-    except OSError as exc:
-        raise DataError(f"cannot write {path}: {exc.strerror}; check the directory exists and is writable") from exc
+    if path.is_dir():
+        raise DataError(f"cannot write {path}: it is a directory; give a file name")
+    if not path.parent.is_dir():
+        raise DataError(f"cannot write {path}: no such directory; check the directory exists and is writable")
+
+
+def _output_error(path: Path, exc: OSError):
+    from nmt_cli.errors import DataError
+
+    kept = f"{path.name} keeps its previous content" if path.exists() else f"{path.name} was not written"
+    return DataError(f"cannot write {path}: {exc.strerror or exc}; {kept}. Free disk space or make {path.parent} "
+                     "writable, then run the same command again")

@@ -383,6 +383,11 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None, warn: Warn |
         raise DataError(f"cannot create the data directory {out}: {exc.strerror or exc}; pick another -o") from None
     try:
         return _build(opts, plan, totals, out, progress, clock)
+    except OSError as exc:  # a full disk, a directory made read-only meanwhile: what is done so far is kept
+        _remove_empty_dirs(out, created)
+        where = exc.filename or out
+        raise DataError(f"cannot write {where}: {exc.strerror or exc}; {out} has no manifest.json yet, so nothing "
+                        "reads it. Free disk space, then run the same command again: it resumes") from exc
     except BaseException:
         _remove_empty_dirs(out, created)
         raise

@@ -98,6 +98,9 @@ class IndexedArray:
                 raise DataError(f"{p} is missing; re-run nmt prepare for this data directory")
         # mapped, not read: a process that only reads sentences (a training rank) never reads the whole index
         size = idx_path.stat().st_size
+        if size % 8:
+            raise DataError(f"{idx_path} is truncated (its size is not a whole number of offsets); re-run nmt prepare "
+                            "with --force")
         self.offsets = (np.memmap(idx_path, dtype=np.int64, mode="r") if size >= 8 else np.zeros(0, dtype=np.int64))
         n_tokens = int(self.offsets[-1]) if len(self.offsets) else 0
         if bin_path.stat().st_size != n_tokens * dtype.itemsize:
@@ -280,12 +283,27 @@ def read_tokenizer(data_dir: str | os.PathLike):
     --tokenizer-from) spm.target.model and vocab.json beside it."""
     import json
 
-    from nmt_cli.data.tokenizer import Tokenizer
+    from nmt_cli.data.tokenizer import Tokenizer, is_sentencepiece_model
 
     data_dir = Path(data_dir)
     if not (data_dir / SPM_MODEL).is_file():
         raise DataError(f"{data_dir}/{SPM_MODEL} is missing; re-run nmt prepare for this data directory")
     target = data_dir / SPM_TARGET
     vocab = data_dir / VOCAB_JSON
-    return Tokenizer((data_dir / SPM_MODEL).read_bytes(), target.read_bytes() if target.is_file() else None,
-                     json.loads(vocab.read_text(encoding="utf-8")) if vocab.is_file() else None)
+    models = {p: p.read_bytes() for p in (data_dir / SPM_MODEL, target) if p.is_file()}
+    for path, model in models.items():
+        if not is_sentencepiece_model(model):
+            raise DataError(f"{path} is not a valid sentencepiece model (damaged?); re-run nmt prepare with --force "
+                            "for this data directory")
+    try:
+        words = json.loads(vocab.read_text(encoding="utf-8")) if vocab.is_file() else None
+    except ValueError as exc:  # not JSON, not UTF-8
+        raise DataError(f"{vocab} is damaged ({exc}); re-run nmt prepare with --force for this data directory") from None
+    return Tokenizer(models[data_dir / SPM_MODEL], models.get(target), words)
+
+
+def check_vocab_size(data_dir: str | os.PathLike, manifest: dict, tokenizer) -> None:
+    """The manifest's vocab_size is the tokenizer's (an edited manifest would index past the embedding)."""
+    if int(manifest["vocab_size"]) != tokenizer.vocab_size:
+        raise DataError(f"{Path(data_dir) / MANIFEST} says vocab_size {manifest['vocab_size']} but {SPM_MODEL} has "
+                        f"{tokenizer.vocab_size} pieces (an edited or mixed-up directory); re-run nmt prepare with --force")

@@ -154,6 +154,15 @@ def tokenizer_key(model_bytes: bytes, target_bytes: bytes | None, vocab: Sequenc
     return bytes(model_bytes), target_bytes, None if vocab is None else tuple(vocab)
 
 
+def is_sentencepiece_model(model_bytes: bytes) -> bool:
+    """Whether sentencepiece takes these bytes for a model (a damaged checkpoint's tokenizer is not)."""
+    try:
+        _load(model_bytes)
+    except DataError:
+        return False
+    return True
+
+
 def _load(model_bytes: bytes) -> spm.SentencePieceProcessor:
     sp = spm.SentencePieceProcessor()
     try:

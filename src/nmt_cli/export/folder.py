@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from nmt_cli.checkpoints.atomic import os_error_behind
 from nmt_cli.errors import ConfigError
 
 
@@ -54,8 +55,10 @@ def atomic_folder(target: str | os.PathLike, replace: bool = False,
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise ConfigError(f"cannot write {target}: {exc.strerror or exc}; {target} was left as it was. "
+        # the system's error, also where a writer library hides it (safetensors) or an inner folder reported it
+        cause = os_error_behind(exc)
+        if cause is not None:
+            raise ConfigError(f"cannot write {target}: {cause.strerror or cause}; {target} was left as it was. "
                               "Free disk space or make the directory writable") from exc
         raise
 

@@ -1,7 +1,8 @@
 """Default thread counts from the cores that are free when a command starts.
 
 PyTorch's CPU kernels split work over one thread per core and wait for the slowest: with another busy process on a
-2-core machine, two threads run slower than one (docs/results.md#threads-on-a-busy-machine).
+2-core machine, two threads run slower than one
+(docs/results-history.md#threads-on-a-busy-machine-the-results-page-until-2026-11-26).
 So when `--threads` is not given, nmt counts the cores it may run on (the process's affinity mask) less the load
 other processes put on them, sampled over a short window from /proc/stat (time spent by every CPU, our own process's
 time subtracted), and splits what is free among the command's processes on this machine.

@@ -42,6 +42,12 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
+def storage_error(what: str, exc: OSError) -> RequestError:
+    """507 for a file or suggestion the server could not store (a full disk): nothing of it was kept."""
+    return RequestError(507, f"the server could not store {what}: {exc.strerror or exc}; nothing was kept, "
+                             "try again later")
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
@@ -213,7 +219,10 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
             plan = service.plan_texts(model, chunk, cfg)
             out += service.answer(plan, await run(plan))["translatedText"]
         data = await run_in_threadpool(doc.build, out)
-        name = await run_in_threadpool(store.add, data, name, model.target)
+        try:
+            name = await run_in_threadpool(store.add, data, name, model.target)
+        except OSError as exc:
+            raise storage_error("the translated file", exc) from None
         return JSONResponse({"translatedFileUrl": str(request.url_for("download_file", filename=name))})
 
     async def download_file(request: Request) -> Response:
@@ -236,7 +245,10 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         if suggestions is None:
             raise RequestError(403, "Suggestions are disabled on this server.")
         record = service.suggestion(fields)
-        await run_in_threadpool(lambda: suggestions.add(**record))
+        try:
+            await run_in_threadpool(lambda: suggestions.add(**record))
+        except OSError as exc:
+            raise storage_error("the suggestion", exc) from None
         return JSONResponse({"success": True})
 
     async def languages(request: Request) -> JSONResponse:

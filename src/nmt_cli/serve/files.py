@@ -8,12 +8,14 @@ first run, which keeps that run's formatting, and the paragraph's other runs are
 
 The client's file name is never a path: a translated file is stored as `<random id>` in the store's folder, and
 its download name `<random id>.<the client's name, reduced to letters, digits, '.', '-', '_'>` is only a key of
-the store. Files are removed `ttl` seconds after they were made, and the folder when the server stops.
+the store. Files are removed `ttl` seconds after they were made, and the folder when the server stops (the folder
+of a server that was killed, by the next server that starts).
 """
 
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import tempfile
@@ -133,12 +135,36 @@ def _paragraphs(document):
                 yield p
 
 
+_PREFIX = "nmt-serve-files-"
+
+
+def remove_orphans() -> None:
+    """Remove the folders of servers that were killed (SIGKILL, a crash) before they could remove their own: each
+    folder's name holds its server's process id, and a folder whose process is gone holds users' files no one
+    will download."""
+    for folder in Path(tempfile.gettempdir()).glob(f"{_PREFIX}*-*"):
+        pid = folder.name[len(_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class FileStore:
     """Translated files in a private folder, by download name, each removed `ttl` seconds after it was made."""
 
     def __init__(self, ttl: float):
         self.ttl = ttl
-        self.dir = Path(tempfile.mkdtemp(prefix="nmt-serve-files-"))
+        remove_orphans()
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-"))
         self._files: dict[str, tuple[Path, float, str]] = {}  # name -> (path, expiry, download file name)
         self._lock = threading.Lock()
 
@@ -150,7 +176,11 @@ class FileStore:
         stem = _UNSAFE.sub("_", base[:len(base) - len(ext)]).strip("._")[:80] or "file"
         key = uuid.uuid4().hex
         path = self.dir / key
-        path.write_bytes(data)
+        try:
+            path.write_bytes(data)
+        except OSError:  # a full disk: no partial file stays behind (none was ever listed)
+            path.unlink(missing_ok=True)
+            raise
         name = f"{key}.{stem}.{target}{ext}"
         with self._lock:
             self._files[name] = (path, time.monotonic() + self.ttl, name[len(key) + 1:])

@@ -158,9 +158,11 @@ class Service:
     # ------------------------------------------------------------------ /translate
 
     def check_key(self, fields: dict) -> None:
+        key = fields.get("api_key")
+        if key is not None and not isinstance(key, str):  # refused as /spec says, whether keys are required or not
+            raise RequestError(400, "Invalid request: api_key must be a string")
         if self.api_keys is None:
             return
-        key = fields.get("api_key")
         if not isinstance(key, str) or key not in self.api_keys:
             raise RequestError(403, "Invalid API key: pass api_key" if key is None else "Invalid API key")
 

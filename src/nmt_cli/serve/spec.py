@@ -23,6 +23,7 @@ STATUS_TEXT = {
     415: "a body that is neither JSON nor a form",
     500: "an internal error: the answer names a request id, which the server's log shows with the traceback",
     503: "busy (the queue is full, the request ran past the time limit, the server is stopping); see Retry-After",
+    507: "the server could not store the file or suggestion (its disk is full); nothing was kept, try again later",
 }
 
 
@@ -94,7 +95,7 @@ def spec(limits: Limits, version: str) -> dict:
                 "source": _LANG, "target": _LANG, "api_key": _KEY}}, multipart_only=True),
             "responses": {"200": _json("where to download the translated file", {
                 "type": "object", "properties": {"translatedFileUrl": {"type": "string"}}}),
-                **_errors(400, 403, 413, 415, 500, 503)}}},
+                **_errors(400, 403, 413, 415, 500, 503, 507)}}},
         "/download_file/{filename}": {"get": {
             "summary": f"Download a translated file (kept {limits.file_ttl:g} s)",
             "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
@@ -107,7 +108,7 @@ def spec(limits: Limits, version: str) -> dict:
                 "source": _LANG, "target": _LANG, "api_key": _KEY,
                 "translation": {"type": "string", "description": "nmt: the machine translation corrected"}}}),
             "responses": {"200": _json("kept", {"type": "object", "properties": {"success": {"type": "boolean"}}}),
-                          **_errors(400, 403, 413, 415, 500)}}},
+                          **_errors(400, 403, 413, 415, 500, 507)}}},
         "/frontend/settings": {"get": {"summary": "Settings of the web page (LibreTranslate's)",
                                        "responses": {"200": _json("the settings", {"type": "object"})}}},
         "/health": {"get": {"summary": "Health check", "responses": {"200": _json("ok", {

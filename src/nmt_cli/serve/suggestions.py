@@ -9,6 +9,7 @@ machine translation the user corrected, when the client sends it; nmt's page doe
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -29,7 +30,13 @@ class Suggestions:
     def add(self, q: str, s: str, source: str, target: str, translation: str | None) -> dict:
         record = {"q": q, "s": s, "source": source, "target": target, "translation": translation,
                   "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        line = json.dumps(record, ensure_ascii=False) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as f:  # one write a line: lines never interleave
-            f.write(line)
+        data = memoryview((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        with self._lock, open(self.path, "ab", buffering=0) as f:  # under the lock: lines never interleave
+            end = f.seek(0, os.SEEK_END)
+            try:
+                while data:
+                    data = data[f.write(data):]
+            except OSError:  # a full disk: the part of the line written is taken back, the file stays JSON lines
+                f.truncate(end)
+                raise
         return record

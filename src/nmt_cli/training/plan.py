@@ -19,7 +19,7 @@ from nmt_cli.checkpoints.format import load, write_error
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data import multilingual
 from nmt_cli.data.batching import LengthOrder, shape_batches
-from nmt_cli.data.store import SPM_MODEL, ParallelData, load_manifest, read_tokenizer
+from nmt_cli.data.store import SPM_MODEL, ParallelData, check_vocab_size, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.training import recipe_file
@@ -84,6 +84,7 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     if "train" not in manifest["splits"]:
         raise DataError(f"{data_dir} has no train split; re-run nmt prepare")
     tokenizer = read_tokenizer(data_dir)
+    check_vocab_size(data_dir, manifest, tokenizer)
     launch = plan_launch(cfg.gpus, cfg.cpu_procs, cfg.precision)
     init_from = None
     if cfg.init_from is not None:
