@@ -1,29 +1,14 @@
-"""glibc's malloc, for CPU decoding's memory: large blocks in mappings of their own (`map_large_blocks`), and the
-heap's free memory given back to the system (`give_back`).
+"""glibc's malloc: give the heap's free memory back to the system (malloc_trim), for a process that dropped a large
+model and keeps running without it (nmt serve's HTTP process, serve/remote.py).
 
-A decoding step allocates and frees blocks of megabytes (logits over the vocabulary, the cache's buffers as they
-grow). glibc serves them from its heap once freed ones have raised its mapping threshold (up to 32 MB), and the heap
-then holds freed blocks it cannot return between live ones: on the Multi30k model 79 MB of a 514 MB peak was free
-heap. Mapped blocks return to the system when freed. (CPU decoding once also set glibc to keep freed memory for the
-next step; measured again it saved no wall time worth its peak memory.) Figures: docs/results.md#cpu-decoding-mechanisms.
+(CPU decoding once also set glibc to keep freed memory for the next step; measured again it saved no wall time worth
+its peak memory: docs/results.md#cpu-decoding-mechanisms.)
 """
 
 from __future__ import annotations
 
 import ctypes
 import sys
-
-M_MMAP_THRESHOLD = -3  # mallopt's parameter (malloc.h)
-LARGE_BLOCK = 1 << 20  # bytes: blocks this large or larger get a mapping of their own
-
-
-def map_large_blocks(threshold: int = LARGE_BLOCK) -> None:
-    """Serve every allocation of `threshold` bytes or more by a mapping of its own, returned to the system when
-    freed (glibc's M_MMAP_THRESHOLD, which also stops glibc raising the threshold as blocks are freed).
-    Process-wide; nothing where the C library is not glibc."""
-    libc = _glibc()
-    if libc is not None:
-        libc.mallopt(M_MMAP_THRESHOLD, threshold)
 
 
 def give_back() -> None:

@@ -242,9 +242,8 @@ class Translator:
         # each model's parameters, counted before packing or quantizing (which turn weights into buffers)
         self.model_parameters = [sum(p.numel() for p in m.parameters()) for m in models]
         if self.device.type == "cpu":
-            from nmt_cli.inference import allocator, packed
+            from nmt_cli.inference import packed
 
-            allocator.map_large_blocks()  # a decoding step's large blocks go back to the system when freed
             onednn = precision == "fp32" and packed.use_packed()  # oneDNN's float32 products, not MKL's (packed.py)
             if onednn or self.dtype == torch.bfloat16:  # products through oneDNN
                 packed.bound_caches()  # its memory, bounded
