@@ -403,8 +403,8 @@ def main() -> None:
                         "Hugging Face's length penalty form), '-top' adds --stop top (OpenNMT-py's stopping rule; "
                         "CTranslate2, fairseq and Hugging Face stop as nmt's default; CTranslate2 as --stop top "
                         "with --alpha 0), '-nojoin' runs the batches one after the other (no continuous batching), '-w1' decodes "
-                        "as one stream and '-w2' as two (--workers 1 or 2; the default on 2+ threads: 2 for a model under 10M "
-                        "parameters, else 1), '-graph' decodes with CUDA graphs "
+                        "as one stream and '-w2' as two (--workers 1 or 2; the default: 1), "
+                        "'-graph' decodes with CUDA graphs "
                         "(--cuda-graphs; GPU).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--alpha", type=float, default=0.6,

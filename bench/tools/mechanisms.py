@@ -6,12 +6,12 @@ Run it twice through farm-bench, alternated, and read the ratio (docs/results.md
         python bench/tools/mechanisms.py --off blocked-topk -m CKPT -i TEST.en
 
 Mechanisms (what `--off` turns off):
-  streams       two decoding streams for a small model on 2+ threads (decoding/streams.py): one stream
   blocked-topk  beam search's candidates through vocabulary blocks on CPU (decoding/beam.py): a plain top-k
   row-padding   decoding steps' rows padded towards a multiple of 32 where products go through oneDNN
                 (inference/packed.py; fp32 on non-Intel CPUs, bf16): every step its own row count
   packed        float32 products through oneDNN with weights laid out once (non-Intel CPUs' default): MKL's
-The slot tables of beam search (decoding/cache.py) have no switch: they are how the cache is laid out.
+The slot tables of beam search (decoding/cache.py) have no switch: they are how the cache is laid out. Two decoding
+streams are an option (`--workers 2`), not a default: `bench/translate.py --nmt fp32,fp32-w2` compares them.
 """
 
 from __future__ import annotations
@@ -22,13 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-MECHANISMS = ("none", "streams", "blocked-topk", "row-padding", "packed")
+MECHANISMS = ("none", "blocked-topk", "row-padding", "packed")
 
 
 def turn_off(name: str) -> list[str]:
     """Disable mechanism `name` in this process; -> extra `nmt translate` options it needs."""
-    if name == "streams":
-        return ["--workers", "1"]
     if name == "blocked-topk":
         from nmt_cli.decoding import beam
 
