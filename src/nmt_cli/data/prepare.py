@@ -376,11 +376,7 @@ def prepare(opts: PrepareOptions, progress: Progress | None = None, warn: Warn |
             raise DataError(f"the {split} data of {plan.name} is empty ({_where(plan.sources[split])}); {fix}")
     clock.lap("check")
 
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"cannot create the data directory {out}: {exc.strerror or exc}; pick another -o") from None
+    created = _make_dir(out)
     try:
         return _build(opts, plan, totals, out, progress, clock)
     except OSError as exc:  # a full disk, a directory made read-only meanwhile: what is done so far is kept
@@ -418,6 +414,16 @@ def _check_out_dir(out: Path) -> None:
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise DataError(f"-o {out}: {parent} is not a writable directory; choose an output directory you can write")
+
+
+def _make_dir(out: Path) -> bool:
+    """Create the data directory (and its parents) -> whether it was created here; one line where it cannot be."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the data directory {out}: {exc.strerror or exc}; pick another -o") from None
+    return created
 
 
 def _remove_empty_dirs(out: Path, created: bool) -> None:
@@ -533,11 +539,7 @@ def _prepare_many(opts: PrepareOptions, out: Path, progress: Progress | None, wa
     if any("valid" not in d.sources for d in directions):
         raise DataError("every direction needs a valid split (nmt train validates each direction on its own)")
     clock.lap("check")
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DataError(f"cannot create the data directory {out}: {exc.strerror or exc}; pick another -o") from None
+    created = _make_dir(out)
     try:
         (out / MANIFEST).unlink(missing_ok=True)
         stamps = _Stamps(out, opts.force)
