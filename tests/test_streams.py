@@ -152,9 +152,15 @@ def test_ctrl_c_ends_every_stream_before_it_propagates(ckpt_path, monkeypatch, t
         time.sleep(0.2)
         os.kill(os.getpid(), signal.SIGINT)
 
-    threading.Thread(target=ctrl_c, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        translator(ckpt_path, max_tokens=60, workers=2).translate(lines(40))
+    # Python raises KeyboardInterrupt on SIGINT only where it started with SIGINT's default action: a process started
+    # in the background by a shell without job control (a CI script's `cmd &`) inherits SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            translator(ckpt_path, max_tokens=60, workers=2).translate(lines(40))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert not [t for t in threading.enumerate() if t.name.startswith("nmt-decode")]  # none left to outlive it
     assert torch.get_num_threads() == 2
 
