@@ -130,8 +130,8 @@ def slow_bf16_warning(dtype: torch.dtype, device: torch.device) -> str | None:
     if dtype != torch.bfloat16:
         return None
     if device.type == "cpu" and not cpu_has_fast_bf16():
-        return ("this CPU has no native bf16 (AMX or AVX512-BF16): bf16 runs slower than fp32 here (about 4x for "
-                "matrix products); use --precision fp32")
+        return ("this CPU has no native bf16 (AMX or AVX512-BF16): bf16 runs several times slower than fp32 "
+                "here; use --precision fp32")
     if device.type == "cuda" and not gpu_has_native_bf16(device.index or 0):
         return ("this GPU has no native bf16 (compute capability below 8.0): bf16 is emulated and slow here; use "
                 "--precision fp16")
