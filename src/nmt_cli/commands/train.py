@@ -322,7 +322,6 @@ class Display:
         self.log_every, self.live, self._live = log_every, live, None
         self._last_plain = time.monotonic()
         self._last_render = 0.0
-        self._max_steps = None
         self.last_saved: int | None = None  # the update checkpoint_last.pt holds (this run's saves, or resumed)
         self.log_path: Path | None = None  # train.log, once the run has started
 
@@ -367,7 +366,6 @@ class Display:
                       f"{best}; checkpoints in {e['out_dir']}")
 
     def _start(self, e: dict) -> None:
-        self._max_steps = e["max_steps"]
         self.log_path = Path(e["out_dir"]) / TRAIN_LOG
         where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
         if e.get("stale_tmp_removed"):

@@ -317,12 +317,6 @@ def checksums(out: Path, results: dict, directions: list[Direction]) -> dict:
     return {f.name: "sha256:" + readers.sha256_file(f) for f in files}
 
 
-def direction_rows(manifest: dict) -> list[tuple[str, str, dict]]:
-    """(direction, split, its counts) for the summary printed by nmt prepare, one row each."""
-    return [(f"{d['src']}-{d['tgt']}", split, s) for d in manifest.get("directions", [])
-            for split, s in d["splits"].items()]
-
-
 
 def sampled_rows(manifest: dict, temperature: float, seed: int) -> np.ndarray | None:
     """The training rows of one epoch of a multilingual directory, each direction's share of them by temperature
