@@ -56,9 +56,6 @@ class Preset(str, Enum):
     big = "big"
 
 
-Precision = TrainPrecision  # the choices of --precision, from the one table (nmt_cli/runtime/precision.py)
-
-
 class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
     buckets = "buckets"
     dynamic = "dynamic"
@@ -171,8 +168,8 @@ def register(app: typer.Typer) -> None:
                                  help="GPUs, one process each (NCCL)."),
         cpu_procs: int = typer.Option(1, "--cpu-procs", min=1, metavar="N", rich_help_panel=_MACHINE,
                                       help="Processes on CPU, over gloo (tests, CI)."),
-        precision: Precision = typer.Option(
-            Precision.auto, "--precision", rich_help_panel=_MACHINE,
+        precision: TrainPrecision = typer.Option(
+            TrainPrecision.auto, "--precision", rich_help_panel=_MACHINE,
             help="auto: bf16 where the hardware runs it natively (GPUs of compute capability 8.0 or later, CPUs "
                  "with AMX or AVX512-BF16), fp16 on older GPUs, else fp32."),
         compile: bool = typer.Option(False, "--compile", rich_help_panel=_MACHINE, help="Use torch.compile."),

@@ -34,7 +34,7 @@ import numpy as np
 from nmt_cli.checkpoints import atomic
 from nmt_cli.data import readers
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
-from nmt_cli.data.corpora import Progress
+from nmt_cli.data.hub_corpora import Progress
 from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
