@@ -155,12 +155,8 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
     from nmt_cli.data.batching import padding_efficiency
     from nmt_cli.training.config import TrainConfig
     from nmt_cli.training.loop import Trainer
+    from nmt_cli.training.plan import plan_run
     from nmt_cli.training.runtime import Runtime, setup_process
-
-    try:
-        from nmt_cli.training.plan import plan_run
-    except ImportError:  # an nmt before the split of training/loop.py (PYTHONPATH=OLD/src for before/after runs)
-        from nmt_cli.training.loop import plan_run
 
     cfg = TrainConfig(str(data_dir), str(WORK / "scratch"), preset=preset, model=model, precision=precision,
                       max_tokens=max_tokens, update_freq=1, gpus=1 if device == "cuda" else 0, compile=compile,

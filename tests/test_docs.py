@@ -108,3 +108,18 @@ def test_pip_install_of_the_wheel_is_said_to_come_later():
             if re.search(r"pip install '?nmt-cli", line):
                 flat = " ".join(text.split())
                 assert "once the wheel is published" in flat and "clone" in flat, f"{md.name}: {line}"
+
+
+def test_repository_paths_named_in_user_docs_exist():
+    """A bench/, scripts/, tests/ or nmt_cli/ file that the README or a user page names exists (the history pages
+    keep the paths of their time)."""
+    import re
+
+    as_written = {"changes-before-0.1.0.md", "results-history.md"}
+    for md in [ROOT / "README.md", *(p for p in (ROOT / "docs").glob("*.md") if p.name not in as_written)]:
+        for path in re.findall(r"(?<![\w/])((?:bench|scripts|tests|src/nmt_cli|nmt_cli)/[\w./-]+\.(?:py|sh))",
+                               md.read_text()):
+            if md.name == "serve.md" and path == "scripts/suggestions-to-jsonl.py":
+                continue  # LibreTranslate's own script
+            local = ROOT / ("src/" + path if path.startswith("nmt_cli/") else path)
+            assert local.exists(), f"{md.name} names {path}, which does not exist"

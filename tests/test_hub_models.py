@@ -97,6 +97,17 @@ def test_unreachable_hub_uses_the_cache_with_a_note_and_fails_in_one_line_when_n
     assert r.returncode == 1 and "not in the hub cache" in r.stderr
 
 
+def test_unreachable_hub_and_a_model_not_cached_is_one_short_line_with_the_network_remedy(tmp_path):
+    env = hub_env(tmp_path, offline=False, endpoint="http://127.0.0.1:9")  # nothing listens on port 9
+    r = run_nmt("translate", "-m", "hf:my-org/not-cached", env=env)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and len(lines) == 1, r.stderr
+    line = lines[0]
+    assert "hf:my-org/not-cached is not in the hub cache" in line and "127.0.0.1:9 cannot be reached" in line
+    assert "HTTPS_PROXY" in line and "HF_HUB_OFFLINE" not in line and "while online" not in line
+    assert len(line) < 300, line
+
+
 def test_average_and_export_take_hub_references(tmp_path, cached_repo):
     a, b = cached_repo
     env = hub_env(tmp_path)

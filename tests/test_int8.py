@@ -14,8 +14,9 @@ from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import DeviceError
 from nmt_cli.inference import int8 as int8_module
 from nmt_cli.inference.int8 import Int8Linear, quantize_int8
-from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints, resolve_dtype
+from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
 from nmt_cli.model import Transformer
+from nmt_cli.runtime.precision import resolve_dtype
 
 pytestmark = pytest.mark.skipif(not int8_module.int8_available(), reason="this torch build has no FBGEMM")
 

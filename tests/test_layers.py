@@ -1,4 +1,5 @@
-"""Module layering: inference (translate, decoding, the model, export...) never imports training/."""
+"""Module layering: inference (translate, decoding, the model, export...) never imports training/; names are imported
+from the module that defines them."""
 
 import ast
 import subprocess
@@ -68,3 +69,46 @@ def test_translating_loads_no_training_module():
             "print([m for m in sys.modules if m.startswith('nmt_cli.training')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module defines at its top level (functions, classes, assignments, also under if/try)."""
+    names = set()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node in tree.body:
+            names.add(node.name)
+    for stmt in tree.body:
+        for node in ast.walk(stmt) if isinstance(stmt, (ast.If, ast.Try)) else [stmt]:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return names
+
+
+# The package facades that define their public names elsewhere on purpose: nmt_cli's lazy Translator (so that
+# `import nmt_cli` stays free of torch) and decoding/'s one entry point to the engine.
+FACADES = {"nmt_cli", "nmt_cli.decoding"}
+
+
+def test_names_are_imported_from_the_module_that_defines_them():
+    """No re-exports: `from nmt_cli.X import name` (in the package, tests, bench and scripts) names a submodule of X
+    or something X defines, not a name X itself imported from elsewhere."""
+    root = SRC.parent
+    files = [*PKG.rglob("*.py"), *(root / "tests").glob("*.py"), *(root / "bench").rglob("*.py"),
+             *(root / "scripts").glob("*.py")]
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("nmt_cli")):
+                continue
+            if node.module in FACADES:
+                continue
+            path = _file(node.module)
+            assert path is not None, f"{f.relative_to(root)} imports {node.module}, which does not exist"
+            defined = _defined(path)
+            bad += [f"{f.relative_to(root)}:{node.lineno}: {a.name} from {node.module}" for a in node.names
+                    if a.name not in defined and _file(f"{node.module}.{a.name}") is None]
+    assert not bad, "imported through a module that does not define it:\n" + "\n".join(bad)

@@ -41,7 +41,7 @@ def test_sample_manifest_and_store(sample_dir):
     m = load_manifest(sample_dir)
     assert m["format_version"] == 1 and m["corpus"] == "sample"
     assert (m["src_lang"], m["tgt_lang"]) == ("en", "de")
-    assert m["vocab_size"] == Tokenizer.from_file(sample_dir / "spm.model").vocab_size
+    assert m["vocab_size"] == Tokenizer((sample_dir / "spm.model").read_bytes()).vocab_size
     for split, n in SMALL.items():
         s = m["splits"][split]
         assert s["read"] == n and s["kept"] + sum(s["dropped"].values()) == n
@@ -54,7 +54,7 @@ def test_sample_manifest_and_store(sample_dir):
 
 
 def test_binarized_ids_decode_to_the_raw_text(sample_dir):
-    tok = Tokenizer.from_file(sample_dir / "spm.model")
+    tok = Tokenizer((sample_dir / "spm.model").read_bytes())
     data = ParallelData(sample_dir, "valid")
     en = (sample_dir / "raw" / "valid.en").read_text().splitlines()
     de = (sample_dir / "raw" / "valid.de").read_text().splitlines()
@@ -68,7 +68,7 @@ def test_binarized_ids_decode_to_the_raw_text(sample_dir):
 def test_a_few_lines_are_cut_as_a_batch_would_cut_them(sample_dir):
     """Fewer than FEW_LINES lines go through sentencepiece one at a time (a server's requests), more as a batch:
     the same ids and the same text either way."""
-    tok = Tokenizer.from_file(sample_dir / "spm.model")
+    tok = Tokenizer((sample_dir / "spm.model").read_bytes())
     en = (sample_dir / "raw" / "valid.en").read_text().splitlines()[: 4 * FEW_LINES]
     assert len(en) > FEW_LINES
     ids = tok.encode(en)
@@ -96,7 +96,7 @@ def test_reverse_swaps_direction(tmp_path):
     m = prepare(sample_opts(out, reverse=True)).manifest
     assert (m["src_lang"], m["tgt_lang"]) == ("de", "en")
     data = ParallelData(out, "test", m)
-    tok = Tokenizer.from_file(out / "spm.model")
+    tok = Tokenizer((out / "spm.model").read_bytes())
     assert tok.decode([data[0][0].tolist()])[0] == (out / "raw" / "test.de").read_text().splitlines()[0]
 
 

@@ -1,6 +1,6 @@
 """`nmt translate` with one of the CPU decoding engine's mechanisms turned off, to time it against the default.
 
-Run it twice through farm-bench, alternated, and read the ratio (docs/results.md, "CPU mechanisms"):
+Run it twice through farm-bench, alternated, and read the ratio (docs/results.md#cpu-decoding-mechanisms):
 
     farm-bench -n 5 --vs 'python bench/tools/mechanisms.py --off none -m CKPT -i TEST.en' -- \
         python bench/tools/mechanisms.py --off blocked-topk -m CKPT -i TEST.en

@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 
 from nmt_cli.commands.helpformat import Command
-from nmt_cli.commands.translate import OPTIONS, LengthPenalty, Precision, Stop
+from nmt_cli.commands.translate import OPTIONS, LengthPenalty, Stop
 from nmt_cli.commands.translate import Device as DeviceChoice
+from nmt_cli.runtime.precision import TranslatePrecision
 
 _SUMMARY = "Serve translation over HTTP (LibreTranslate's API)"
 _HELP = (
@@ -107,7 +108,7 @@ def register(app: typer.Typer) -> None:
         seed: int = OPTIONS["seed"](),
         max_tokens: str = OPTIONS["max_tokens"](),
         device: DeviceChoice = OPTIONS["device"](),
-        precision: Precision = OPTIONS["precision"](),
+        precision: TranslatePrecision = OPTIONS["precision"](),
         threads: int = OPTIONS["threads"](),
     ) -> None:
         from nmt_cli.errors import ConfigError

@@ -56,9 +56,6 @@ class Preset(str, Enum):
     big = "big"
 
 
-Precision = TrainPrecision  # the choices of --precision, from the one table (nmt_cli/runtime/precision.py)
-
-
 class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
     buckets = "buckets"
     dynamic = "dynamic"
@@ -171,8 +168,8 @@ def register(app: typer.Typer) -> None:
                                  help="GPUs, one process each (NCCL)."),
         cpu_procs: int = typer.Option(1, "--cpu-procs", min=1, metavar="N", rich_help_panel=_MACHINE,
                                       help="Processes on CPU, over gloo (tests, CI)."),
-        precision: Precision = typer.Option(
-            Precision.auto, "--precision", rich_help_panel=_MACHINE,
+        precision: TrainPrecision = typer.Option(
+            TrainPrecision.auto, "--precision", rich_help_panel=_MACHINE,
             help="auto: bf16 where the hardware runs it natively (GPUs of compute capability 8.0 or later, CPUs "
                  "with AMX or AVX512-BF16), fp16 on older GPUs, else fp32."),
         compile: bool = typer.Option(False, "--compile", rich_help_panel=_MACHINE, help="Use torch.compile."),
@@ -322,7 +319,6 @@ class Display:
         self.log_every, self.live, self._live = log_every, live, None
         self._last_plain = time.monotonic()
         self._last_render = 0.0
-        self._max_steps = None
         self.last_saved: int | None = None  # the update checkpoint_last.pt holds (this run's saves, or resumed)
         self.log_path: Path | None = None  # train.log, once the run has started
 
@@ -367,7 +363,6 @@ class Display:
                       f"{best}; checkpoints in {e['out_dir']}")
 
     def _start(self, e: dict) -> None:
-        self._max_steps = e["max_steps"]
         self.log_path = Path(e["out_dir"]) / TRAIN_LOG
         where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
         if e.get("stale_tmp_removed"):

@@ -47,9 +47,6 @@ class Device(str, Enum):
     cuda = "cuda"
 
 
-Precision = TranslatePrecision  # the choices of --precision, from the one table (nmt_cli/runtime/precision.py)
-
-
 class LengthPenalty(str, Enum):
     gnmt = "gnmt"
     fairseq = "fairseq"
@@ -114,7 +111,7 @@ OPTIONS = {
     "device": lambda: typer.Option(Device.auto, "--device", rich_help_panel=_MACHINE,
         help="auto picks cuda when available."),
     "precision": lambda: typer.Option(
-        Precision.fp32, "--precision", rich_help_panel=_MACHINE,
+        TranslatePrecision.fp32, "--precision", rich_help_panel=_MACHINE,
         help="Model precision; bf16 is fast on CPUs with AMX or AVX512-BF16 and on GPUs of compute capability "
         "8.0 or later; fp16 is for GPUs only; int8 (CPU only: int8 linear layers, as CTranslate2's int8) "
         "is the fastest on CPUs without them."
@@ -186,7 +183,7 @@ def register(app: typer.Typer) -> None:
                                         help="Input lines read (and output flushed) per chunk."),
         max_tokens: str = OPTIONS["max_tokens"](),
         device: Device = OPTIONS["device"](),
-        precision: Precision = OPTIONS["precision"](),
+        precision: TranslatePrecision = OPTIONS["precision"](),
         threads: int = OPTIONS["threads"](),
         workers: int = typer.Option(
             None, "--workers", min=1, metavar="N", rich_help_panel=_MACHINE,

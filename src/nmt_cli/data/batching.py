@@ -53,7 +53,7 @@ class LengthOrder:
 
 
 def split(indices: np.ndarray, sizes: np.ndarray) -> list[np.ndarray]:
-    """`indices` cut into consecutive batches of `sizes` (views; np.split does the same 4x slower)."""
+    """`indices` cut into consecutive batches of `sizes` (views; faster than np.split, which does the same)."""
     ends = np.cumsum(sizes).tolist()
     return [indices[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)] if ends else []
 

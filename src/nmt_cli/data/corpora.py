@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_cli.data import hub_corpora as hub_
-from nmt_cli.data.hub_corpora import HubFiles
+from nmt_cli.data.hub_corpora import HubFiles, Progress
 from nmt_cli.data.readers import PairSource, TableSource, TextPairSource, pyarrow_parquet
 from nmt_cli.errors import ConfigError, DataError
 
 SPLITS = ("train", "valid", "test")
 HUB_SPLIT = {"train": "train", "valid": "validation", "test": "test"}
-
-Progress = hub_.Progress
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import numpy as np
 from nmt_cli.checkpoints import atomic
 from nmt_cli.data import readers
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
-from nmt_cli.data.corpora import Progress
+from nmt_cli.data.hub_corpora import Progress
 from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
@@ -315,12 +315,6 @@ def write_manifest(out: Path, manifest: dict) -> None:
 def checksums(out: Path, results: dict, directions: list[Direction]) -> dict:
     files = [out / SPM_MODEL] + [f for split in results for f in split_files(out, split, directions)[:4]]
     return {f.name: "sha256:" + readers.sha256_file(f) for f in files}
-
-
-def direction_rows(manifest: dict) -> list[tuple[str, str, dict]]:
-    """(direction, split, its counts) for the summary printed by nmt prepare, one row each."""
-    return [(f"{d['src']}-{d['tgt']}", split, s) for d in manifest.get("directions", [])
-            for split, s in d["splits"].items()]
 
 
 

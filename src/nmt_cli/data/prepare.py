@@ -30,8 +30,7 @@ from nmt_cli.checkpoints import atomic
 from nmt_cli.data import corpora, multilingual, readers
 from nmt_cli.data import sample_corpus as sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
-from nmt_cli.data.corpora import Progress
-from nmt_cli.data.hub_corpora import Warn
+from nmt_cli.data.hub_corpora import Progress, Warn
 from nmt_cli.data.readers import PairSource
 from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe

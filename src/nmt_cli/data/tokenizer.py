@@ -85,11 +85,6 @@ class Tokenizer:
             if len(self.index) != len(self.vocab) or len(self.vocab) <= EOS_ID:
                 raise DataError("the tokenizer's vocabulary repeats a piece or lacks the special tokens; it is damaged")
 
-    @classmethod
-    def from_file(cls, path) -> Tokenizer:
-        with open(path, "rb") as f:
-            return cls(f.read())
-
     @property
     def joint(self) -> bool:
         """nmt's own kind: sentencepiece ids are the model's ids."""

@@ -53,7 +53,7 @@ def build_spec(ckpt: Checkpoint):
     major = int(ct2.__version__.split(".")[0])
     if not SUPPORTED_CTRANSLATE2[0] <= major < SUPPORTED_CTRANSLATE2[1]:
         raise ConfigError(f"ctranslate2 {ct2.__version__} is not supported (4.x is); "
-                          "install a supported one: pip install 'ctranslate2>=4.5,<5'")
+                          "install a supported one: pip install 'ctranslate2>=4.8,<5'")  # the export extra's range
     from ctranslate2.specs import common_spec, transformer_spec
 
     check_convertible(ckpt)

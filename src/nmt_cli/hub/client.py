@@ -95,9 +95,11 @@ def error(exc: BaseException, target: Target, action: str = "download", hint: st
     if local_missing and isinstance(exc, local_missing) and offline_why == OFFLINE_SET:
         return DownloadError(f"{what} is not in the hub cache ({cache_dir()}) and HF_HUB_OFFLINE is set; unset it "
                              "to download it")  # the user chose offline: the one remedy is to go online
-    if local_missing and isinstance(exc, local_missing):
-        msg = (f"{what} is not in the hub cache ({cache_dir()}) and {offline_why or 'the hub is not asked'}; "
-               "download it once while online (or set HF_HUB_CACHE to a cache that holds it)")
+    if local_missing and isinstance(exc, local_missing) and offline_why:
+        msg = f"{what} is not in the hub cache ({cache_dir()}) and {offline_why}"  # the reason names its remedy
+    elif local_missing and isinstance(exc, local_missing):
+        msg = (f"{what} is not in the hub cache ({cache_dir()}) and the hub is not asked; download it once while "
+               "online (or set HF_HUB_CACHE to a cache that holds it)")
     elif isinstance(exc, hu.OfflineModeIsEnabled):
         msg = f"cannot {action} {what}: HF_HUB_OFFLINE is set; unset it to download"
     elif isinstance(exc, hu.RevisionNotFoundError):

@@ -135,8 +135,8 @@ def default_threads(procs: int = 1) -> ThreadChoice:
 class Watch:
     """For a long single-process run: the free cores counted again from the load since the last look, at most every
     `every_s` seconds. The load of a shared machine changes during an hours-long run; a thread count chosen at the
-    start and never revisited loses 1.5-2.4x when a neighbour comes or goes (docs/results.md, "Threads on a busy
-    machine"). A look is one read of /proc/stat, no waiting: the window is the time since the last look."""
+    start and never revisited runs slow when a neighbour comes or goes
+    (docs/results-history.md#threads-on-a-busy-machine-the-results-page-until-2026-11-26). A look is one read of /proc/stat, no waiting: the window is the time since the last look."""
 
     def __init__(self, every_s: float | None = None):
         self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(core_count()))

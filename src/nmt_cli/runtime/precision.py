@@ -26,7 +26,6 @@ class Spec:
     dtype_name: str | None  # a torch dtype's name; None: resolved against the hardware (auto)
     train: bool
     translate: bool
-    about: str
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -38,11 +37,11 @@ class Spec:
 # The one precision table. int8 is a float32 model whose linear layers and output projection run as int8 products
 # (int8.py; CPU translation only); auto picks bf16 where the hardware runs it natively (training only).
 PRECISIONS: dict[str, Spec] = {
-    "auto": Spec(None, True, False, "bf16 where the hardware runs it natively, fp16 on older GPUs, else fp32"),
-    "fp32": Spec("float32", True, True, "float32"),
-    "bf16": Spec("bfloat16", True, True, "fast on CPUs with AMX or AVX512-BF16 and GPUs of capability >= 8.0"),
-    "fp16": Spec("float16", True, True, "GPUs only"),
-    "int8": Spec("float32", False, True, "CPU translation only: int8 linear layers (FBGEMM)"),
+    "auto": Spec(None, True, False),  # bf16 where the hardware runs it natively, fp16 on older GPUs, else fp32
+    "fp32": Spec("float32", True, True),
+    "bf16": Spec("bfloat16", True, True),  # fast on CPUs with AMX or AVX512-BF16 and GPUs of capability >= 8.0
+    "fp16": Spec("float16", True, True),  # GPUs only
+    "int8": Spec("float32", False, True),  # CPU translation only: int8 linear layers (FBGEMM)
 }
 TRAIN_PRECISIONS = tuple(name for name, spec in PRECISIONS.items() if spec.train)
 TRANSLATE_PRECISIONS = tuple(name for name, spec in PRECISIONS.items() if spec.translate)
@@ -130,8 +129,8 @@ def slow_bf16_warning(dtype: torch.dtype, device: torch.device) -> str | None:
     if dtype != torch.bfloat16:
         return None
     if device.type == "cpu" and not cpu_has_fast_bf16():
-        return ("this CPU has no native bf16 (AMX or AVX512-BF16): bf16 runs slower than fp32 here (about 4x for "
-                "matrix products); use --precision fp32")
+        return ("this CPU has no native bf16 (AMX or AVX512-BF16): bf16 runs several times slower than fp32 "
+                "here; use --precision fp32")
     if device.type == "cuda" and not gpu_has_native_bf16(device.index or 0):
         return ("this GPU has no native bf16 (compute capability below 8.0): bf16 is emulated and slow here; use "
                 "--precision fp16")

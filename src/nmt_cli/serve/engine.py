@@ -139,7 +139,6 @@ class Engine:
         self.answered = Throughput()
         self.dropped = 0  # sentences given up (their request timed out or failed)
         self.batches = 0  # batches handed to the search (fewer than sentences: requests shared them)
-        self.started_at = time.monotonic()
         self.turns = Turns()
         self.idle = 0  # workers waiting for a group to search
         self.threads = [threading.Thread(target=self._run, name=f"{name}-{i}" if i else name, daemon=True)
