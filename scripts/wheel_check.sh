@@ -47,10 +47,11 @@ src |= {p.relative_to("src").as_posix() for p in Path("src/nmt_cli/serve/static"
 assert modules == src, f"the wheel's package differs from src/nmt_cli: missing {sorted(src - modules)}, " \
                        f"extra {sorted(modules - src)}"
 assert f"{info}entry_points.txt" in names and f"{info}METADATA" in names, names
+assert f"{info}licenses/LICENSE" in names, f"the wheel lacks the licence text: {names}"
 print(f"wheel: {len(modules)} files of nmt_cli (= src/nmt_cli/**/*.py and serve/static/*) and "
       f"{len(names) - len(modules)} metadata files ({', '.join(n[len(info):] for n in names if n.startswith(info))})")
 top = {n.split("/")[1] for n in tarfile.open(sdist).getnames() if n.count("/") >= 1 and n.split("/")[1]}
-for needed in ("src", "tests", "docs", "pyproject.toml", "README.md", "PKG-INFO"):
+for needed in ("src", "tests", "docs", "pyproject.toml", "README.md", "LICENSE", "PKG-INFO"):
     assert needed in top, f"the sdist lacks {needed}: {sorted(top)}"
 print(f"sdist: {', '.join(sorted(top))}")
 EOF

@@ -117,7 +117,7 @@ def register(app: typer.Typer) -> None:
             from nmt_cli.serve import server as web
         except ImportError as exc:
             raise ConfigError(f"nmt serve needs the serve extra ({exc.name} is missing): pip install "
-                              "'nmt-cli[serve]'") from None
+                              "'nmt-cli[serve]' (in a clone: pip install -e '.[serve]')") from None
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
         from nmt_cli.inference import translate as core
         from nmt_cli.runtime import cpus

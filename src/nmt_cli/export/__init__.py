@@ -15,7 +15,7 @@ from types import ModuleType
 
 from nmt_cli.errors import ConfigError
 
-EXTRA = "pip install 'nmt-cli[export]'"
+EXTRA = "pip install 'nmt-cli[export]' (in a clone: pip install -e '.[export]')"
 
 
 def require(module: str, purpose: str) -> ModuleType:
