@@ -80,3 +80,33 @@ def exchange_votes(rank: int, world_size: int, init_method: str, raised: dict, r
         results.put((rank, seen))
     finally:
         shutdown_process(rt)
+
+
+def train_as_nccl(rank: int, world_size: int, init_method: str, plan, results) -> None:
+    """One rank of `plan`'s run, its launch saying NCCL: the default group is made over gloo (a CPU has no NCCL) while
+    every question nmt asks about the backend (`torch.distributed.get_backend`) answers "nccl", and every process
+    group made besides the default one is recorded. Puts (rank, the backends asked for, the groups made, the step
+    and stop the run ended at) on `results` (a queue)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from nmt_cli.training.launch import run_process
+
+    asked, made = [], []
+    real_init = dist.init_process_group
+
+    def init_process_group(backend=None, *args, **kw):
+        asked.append(backend)
+        return real_init("gloo", *args, **kw)
+
+    def recording(name, real):
+        return lambda *args, **kw: (made.append(name), real(*args, **kw))[1]
+
+    dist.init_process_group = init_process_group
+    dist.get_backend = lambda group=None: "nccl"
+    for module in (dist, c10d):
+        for name in ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"):
+            if hasattr(module, name):
+                setattr(module, name, recording(name, getattr(module, name)))
+    result = run_process(plan, rank, rank, init_method)
+    results.put((rank, asked, made, result.step, result.stopped_by, result.ranks_agree))

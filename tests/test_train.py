@@ -669,6 +669,28 @@ def test_flags_raised_by_any_rank_are_agreed_by_all_one_update_later():
     assert alone.exchange(True, False) == (True, False) and alone.exchange(False, True) == (False, True)
 
 
+def test_a_run_over_nccl_makes_no_process_group_besides_the_default_one(toy_data_dir, tmp_path):
+    """Host values (loss sums, stop and save flags) go through the default process group, NCCL on GPUs: a run whose
+    launch says NCCL makes no other group (nmt once made a gloo group beside NCCL for them). Here the default group
+    is gloo underneath (no NCCL on a CPU) while nmt is told "nccl" wherever it asks; the run saves by the clock (rank
+    0's flag, agreed a step late) and by updates, validates and stops, every rank at the same update."""
+    import dataclasses
+
+    from helpers_train import run_ranks, train_as_nccl
+    from nmt_cli.training.plan import write_run_config
+
+    run = tmp_path / "run"
+    plan = plan_run(small_cfg(toy_data_dir, run, max_steps=5, cpu_procs=2, save_every=100,
+                              save_every_minutes=1e-9))
+    assert plan.launch.backend == "gloo"
+    plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, backend="nccl"))
+    write_run_config(plan)
+    out = run_ranks(train_as_nccl, 2, plan)
+    assert out == [(0, ["nccl"], [], 5, "max_steps", True), (1, ["nccl"], [], 5, "max_steps", True)]
+    # the clock's flag, raised by rank 0 at every update, is acted on by both ranks from update 2 on
+    assert [p.name for p in periodic_checkpoints(run)] == [f"checkpoint_{k}.pt" for k in (2, 3, 4, 5)]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux /proc")
 def test_two_nodes_on_one_machine_train_save_resume_after_a_kill_and_finish(toy_data_dir, tmp_path):

@@ -1,4 +1,5 @@
-"""A training run's checkpoints: what rank 0 writes to the run directory, keep-last-K, RNG state capture.
+"""A training run's checkpoints: what rank 0 writes to the run directory and when, keep-last-K, averaging at the
+end, and the training state that makes a resumed run continue bitwise (`train_state`, `restore`, RNG states).
 
 A run directory holds
   checkpoint_last.pt        weights + the full training state (resume from here)
@@ -6,6 +7,9 @@ A run directory holds
   checkpoint_<step>.pt      weights saved every N updates (or M minutes); the last K are kept (for averaging)
   averaged.pt               the mean of the last N checkpoint_<step>.pt (nmt_cli/checkpoints/averaging.py), at the end
 Every file is a normal self-contained checkpoint (nmt_cli.checkpoints.format) written atomically.
+When: every --save-every updates and, with --save-every-minutes, by rank 0's clock, agreed by every rank
+(`SaveSchedule`).
+What a finished run is (nothing to train) is decided before training, from checkpoint_last.pt's state (plan.py).
 Training state holds only tensors and plain data, so torch.load(weights_only=True) reads it.
 """
 
@@ -14,8 +18,10 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +33,10 @@ from nmt_cli.checkpoints.averaging import (
     periodic_name,
 )
 from nmt_cli.checkpoints.format import Checkpoint, save
+from nmt_cli.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from nmt_cli.training.loop import Trainer
 
 LAST, BEST, AVERAGED = "checkpoint_last.pt", "checkpoint_best.pt", "averaged.pt"
 
@@ -62,6 +72,79 @@ class RunCheckpoints:
         tok = self.tokenizer
         return Checkpoint(self.model_config, weights, tok.model_bytes, self.langs, train_state, meta, tok.target_bytes,
                           tok.vocab)
+
+
+class SaveSchedule:
+    """When the run saves: every `every` updates (the presets' way), and with --save-every-minutes also once
+    `minutes` of wall-clock time have passed since the last save. That clock is rank 0's: its "time to save" is a
+    flag the ranks agree on a step late (runtime.Votes), so that every rank saves at the same update."""
+
+    def __init__(self, every: int, minutes: float | None, start: float):
+        self.every, self.minutes = every, minutes
+        self.last = start  # time.monotonic() of the last save (or of the start)
+        self.saved_at = -1  # the update last saved in this process
+
+    def time_to_save(self, now: float) -> bool:
+        return self.minutes is not None and now - self.last >= self.minutes * 60
+
+    def due(self, step: int, time_agreed: bool) -> bool:
+        """Whether to save after update `step`; `time_agreed`: the ranks agreed that it is time to save."""
+        return time_agreed or step % self.every == 0
+
+    def saved(self, step: int) -> None:
+        self.saved_at, self.last = step, time.monotonic()
+
+
+# ---- the training state in checkpoint_last.pt ---------------------------------------------------------------
+
+def restore(trainer: Trainer, ckpt: Checkpoint) -> tuple[int, int]:
+    """The training state of `ckpt` in `trainer` (weights, optimizer, loss scale, counters, the best validation,
+    this rank's RNG streams); -> the data position (epoch, pos) its reader goes on from."""
+    ts = ckpt.train_state
+    try:
+        trainer.module.load_state_dict(ckpt.model_state)
+        trainer.optimizer.load_state_dict(ts["optimizer"])
+        if trainer.scaler is not None and ts.get("scaler"):
+            trainer.scaler.load_state_dict(ts["scaler"])
+        trainer.step, epoch, pos = int(ts["step"]), int(ts["epoch"]), int(ts["pos"])
+        trainer.elapsed, trainer.overflows = float(ts["elapsed"]), int(ts.get("overflows", 0))
+        trainer.best.value, trainer.best.step, trainer.best.bad = ts.get("best"), ts.get("best_step"), \
+            int(ts.get("bad_valids", 0))
+        saved_world = int(ts.get("world_size", 1))
+        rngs = ts.get("rng") or []
+        trainer.probed = ts.get("probed_max_tokens") if trainer.cfg.max_tokens == "auto" else None
+    except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+        raise CheckpointError(f"{trainer.plan.resume_from}: training state does not fit this run "
+                              f"({str(exc).splitlines()[0][:150]}); pick another -o") from exc
+    if not ts.get("pos_global"):  # an older nmt counted each rank's own batches: about the same place
+        pos *= saved_world
+    if saved_world != trainer.rt.world_size:  # the data position holds for any world size; RNG streams do not
+        torch.manual_seed(trainer.cfg.seed + 1000 * trainer.rt.rank + trainer.step)
+    elif trainer.rt.rank < len(rngs):
+        set_rng_state(rngs[trainer.rt.rank], trainer.rt.device)
+    return epoch, pos
+
+
+def train_state(trainer: Trainer, rngs: list) -> dict:
+    """What checkpoint_last.pt holds beside the weights, to resume `trainer` where it is: `rngs` are every rank's
+    RNG states (`rng_state`, gathered)."""
+    return {
+        "step": trainer.step, "epoch": trainer.reader.epoch, "pos": trainer.reader.pos, "pos_global": True,
+        "elapsed": trainer.elapsed, "best": trainer.best.value, "best_step": trainer.best.step,
+        "bad_valids": trainer.best.bad, "overflows": trainer.overflows, "world_size": trainer.rt.world_size,
+        "optimizer": trainer.optimizer.state_dict(),
+        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
+        "rng": rngs, "config": plain(trainer.cfg.to_dict()), "probed_max_tokens": trainer.probed,
+    }
+
+
+def plain(obj):
+    """JSON-like plain data (tuples become lists) for the training state."""
+    if isinstance(obj, dict):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    return obj
 
 
 def _weights(module: torch.nn.Module) -> dict:

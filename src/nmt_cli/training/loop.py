@@ -6,8 +6,11 @@
         stop? save? raised by any rank, agreed by all a step later (runtime.Votes)
         log / validate (validate.py) / save (checkpoints.py) / stop
 
-Only rank 0 logs and writes files. The run around it: `plan.py` (checks before anything is written, the batches),
-`launch.py` (one process, spawned processes or torchrun's), `signals.py`, `metrics_log.py`.
+Only rank 0 logs and writes files. The Trainer holds the model, the optimizer and the counters, and runs the loop;
+beside it: `reader.py` (the data position, each epoch's order, prefetch), `checkpoints.py` (what is saved when, the
+training state a resume restores, averaging at the end), `validate.py`, `metrics_log.py` (the log and the run's
+header). The run around it: `plan.py` (checks before anything is written, the batches), `launch.py` (one process,
+spawned processes or torchrun's), `signals.py`.
 """
 
 from __future__ import annotations
@@ -24,24 +27,32 @@ import numpy as np
 import torch
 
 from nmt_cli.checkpoints.atomic import remove_stale_tmp
-from nmt_cli.checkpoints.format import Checkpoint, load
+from nmt_cli.checkpoints.format import load
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.store import ParallelData, load_manifest, read_tokenizer
-from nmt_cli.errors import CheckpointError, TrainingError
+from nmt_cli.errors import TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.runtime.memory import SAFETY, out_of_memory_advice
-from nmt_cli.runtime.precision import slow_bf16_warning
-from nmt_cli.training.checkpoints import BEST, LAST, RunCheckpoints, rng_state, set_rng_state, weights_digest
+from nmt_cli.training.checkpoints import (
+    BEST,
+    LAST,
+    RunCheckpoints,
+    SaveSchedule,
+    restore,
+    rng_state,
+    train_state,
+    weights_digest,
+)
 from nmt_cli.training.config import probe_cap, probed_batching
 from nmt_cli.training.loss import label_smoothed_cross_entropy
-from nmt_cli.training.metrics_log import MetricsLog, Window
-from nmt_cli.training.plan import RunPlan, _plain, bucket_positions, repacked, write_run_config
+from nmt_cli.training.metrics_log import MetricsLog, Window, start_event
+from nmt_cli.training.plan import RunPlan, bucket_positions, repacked, write_run_config
 from nmt_cli.training.probe import probe_ranks
 from nmt_cli.training.reader import TrainReader, Update
-from nmt_cli.training.runtime import DTYPES, Runtime, Votes, data_parallel
-from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
+from nmt_cli.training.runtime import Runtime, Votes, data_parallel
+from nmt_cli.training.schedule import inverse_sqrt_lr
 from nmt_cli.training.signals import StopSignals
-from nmt_cli.training.validate import Best, PerDirection, Validator
+from nmt_cli.training.validate import Best, PerDirection, Validator, validator_for
 
 Progress = Callable[[dict], None]
 MIN_FP16_SCALE = 2.0**-10
@@ -120,7 +131,7 @@ class Trainer:
         self.probe_source = ""  # where `probed` came from, for the run's header
         position = (1, 0)  # (epoch, batches of its order trained on): reader.py
         if plan.resume_from:
-            position = self._restore(load(plan.resume_from))
+            position = restore(self, load(plan.resume_from))
         elif plan.init_from:  # fine-tuning: the weights only (a new optimizer, schedule and step counter)
             self.module.load_state_dict(load(plan.init_from, map_location=device).model_state)
         if plan.batching.probe:
@@ -134,7 +145,7 @@ class Trainer:
             self.model = data_parallel(self.model, rt)
         self.checkpoints = RunCheckpoints(self.out_dir, plan.model_config, self.tokenizer, plan.langs, plan.keep_last)
         # what a killed save left behind (kill -9 during torch.save: NAME.XXXX.tmp files of up to a checkpoint each)
-        self._stale = remove_stale_tmp(self.out_dir) if rt.is_main and self.out_dir.is_dir() else (0, 0)
+        self.stale_tmp = remove_stale_tmp(self.out_dir) if rt.is_main and self.out_dir.is_dir() else (0, 0)
 
     @property
     def epoch(self) -> int:
@@ -165,44 +176,6 @@ class Trainer:
             return torch.compile(module, dynamic=True)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, self.reader.shapes() + 8)
         return torch.compile(module, dynamic=False)
-
-    # -- state ----------------------------------------------------------------------------------------------------
-
-    def _restore(self, ckpt: Checkpoint) -> tuple[int, int]:
-        """The state of `ckpt` in this process; -> the data position (epoch, pos) to go on from."""
-        ts = ckpt.train_state
-        try:
-            self.module.load_state_dict(ckpt.model_state)
-            self.optimizer.load_state_dict(ts["optimizer"])
-            if self.scaler is not None and ts.get("scaler"):
-                self.scaler.load_state_dict(ts["scaler"])
-            self.step, epoch, pos = int(ts["step"]), int(ts["epoch"]), int(ts["pos"])
-            self.elapsed, self.overflows = float(ts["elapsed"]), int(ts.get("overflows", 0))
-            self.best.value, self.best.step, self.best.bad = ts.get("best"), ts.get("best_step"), \
-                int(ts.get("bad_valids", 0))
-            saved_world = int(ts.get("world_size", 1))
-            rngs = ts.get("rng") or []
-            self.probed = ts.get("probed_max_tokens") if self.cfg.max_tokens == "auto" else None
-        except (KeyError, ValueError, RuntimeError, TypeError) as exc:
-            raise CheckpointError(f"{self.plan.resume_from}: training state does not fit this run "
-                                  f"({str(exc).splitlines()[0][:150]}); pick another -o") from exc
-        if not ts.get("pos_global"):  # an older nmt counted each rank's own batches: about the same place
-            pos *= saved_world
-        if saved_world != self.rt.world_size:  # the data position holds for any world size; RNG streams do not
-            torch.manual_seed(self.cfg.seed + 1000 * self.rt.rank + self.step)
-        elif self.rt.rank < len(rngs):
-            set_rng_state(rngs[self.rt.rank], self.rt.device)
-        return epoch, pos
-
-    def _train_state(self, rngs: list) -> dict:
-        return {
-            "step": self.step, "epoch": self.reader.epoch, "pos": self.reader.pos, "pos_global": True,
-            "elapsed": self.elapsed, "best": self.best.value, "best_step": self.best.step,
-            "bad_valids": self.best.bad, "overflows": self.overflows, "world_size": self.rt.world_size,
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
-            "rng": rngs, "config": _plain(self.cfg.to_dict()), "probed_max_tokens": self.probed,
-        }
 
     # -- one update -----------------------------------------------------------------------------------------------
 
@@ -274,15 +247,10 @@ class Trainer:
     def validator(self) -> Validator | PerDirection | None:
         """The valid split dealt to this rank (validate.py); None without one. Made at the first validation, after
         the batch sizes are final."""
-        if self.valid_data is None or not len(self.valid_data):
-            return None
         cfg = self.cfg
-        args = (self.tokenizer, self.rt, self.plan.batching.max_tokens, cfg.label_smoothing,
-                self.plan.model_config.max_positions, cfg.valid_beam if cfg.valid_bleu else None)
-        directions = self.valid_data.directions("valid")
-        if directions:  # a multilingual run: each direction on its own, their mean for "best"
-            return PerDirection({key: Validator(rows, *args) for key, rows in directions.items() if len(rows)})
-        return Validator(self.valid_data, *args)
+        return validator_for(self.valid_data, self.tokenizer, self.rt, self.plan.batching.max_tokens,
+                             cfg.label_smoothing, self.plan.model_config.max_positions,
+                             cfg.valid_beam if cfg.valid_bleu else None)
 
     def validate(self) -> dict | None:
         """Loss, nll and perplexity on the valid split, plus BLEU when asked: sharded over the ranks, the same
@@ -314,7 +282,7 @@ class Trainer:
         """checkpoint_last.pt (full state) and, if `periodic`, checkpoint_<step>.pt (weights). Collective."""
         rngs = self.rt.gather_objects(rng_state(self.rt.device))
         if self.rt.is_main:
-            path = self.checkpoints.save(self.module, self._meta(valid), self._train_state(rngs), periodic)
+            path = self.checkpoints.save(self.module, self._meta(valid), train_state(self, rngs), periodic)
             self._emit({"kind": "save", "step": self.step, "path": str(path), "periodic": periodic})
 
     def _meta(self, valid: dict | None) -> dict:
@@ -333,34 +301,6 @@ class Trainer:
     def _emit(self, event: dict) -> None:
         if self.progress is not None:
             self.progress(event)
-
-    def _start_event(self) -> dict:
-        plan, b = self.plan, self.plan.batching
-        return {
-            "kind": "start", "preset": self.cfg.preset, "params": self.module.num_parameters(),
-            "device": self.rt.device.type, "world_size": self.rt.world_size, "precision": self.rt.precision,
-            "max_tokens": b.max_tokens, "update_freq": b.update_freq,
-            "max_tokens_auto": self._auto_reason() if self.cfg.max_tokens == "auto" else None,
-            "max_tokens_per_update": b.max_tokens_per_update, "update_tokens": b.update_tokens,
-            # real (unpadded) tokens per update expected from the batches' average (metrics' "train" records: seen)
-            "tgt_tokens_per_update": plan.mean_tgt_tokens * b.update_freq * b.world_size,
-            "src_tokens_per_update": plan.mean_src_tokens * b.update_freq * b.world_size,
-            "batches_per_epoch": len(self.reader.batches), "padding_efficiency": self.reader.padding_efficiency(),
-            "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, self.cfg.lr), "warmup": plan.warmup,
-            "max_steps": plan.max_steps, "max_time": self.cfg.max_time, "max_epochs": self.cfg.max_epochs,
-            "save_every": plan.save_every, "save_minutes": plan.save_minutes, "average_last": plan.average_last,
-            "lr_at_end": inverse_sqrt_lr(plan.max_steps, plan.model_config.d_model, plan.warmup, self.cfg.lr),
-            "slow_precision": slow_bf16_warning(DTYPES.get(self.rt.precision), self.rt.device),
-            "resumed_at": self.step if plan.resume_from else None,
-            "stale_tmp_removed": self._stale[0], "stale_tmp_bytes": self._stale[1],
-            "out_dir": str(self.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
-        }
-
-    def _auto_reason(self) -> str:
-        """How --max-tokens auto chose this run's micro-batch (the run's header prints it)."""
-        if self.probed is None:
-            return "the default micro-batch (the probe needs a CUDA GPU)"
-        return f"micro-batches of at most {self.probed} tokens fit ({self.probe_source})"
 
     def _eta(self, seconds_per_update: float) -> float | None:
         left = [(self.plan.max_steps - self.step) * seconds_per_update]
@@ -388,16 +328,17 @@ class Trainer:
         cfg, plan, rt = self.cfg, self.plan, self.rt
         metrics = MetricsLog(self.out_dir, rt.is_main)
         if rt.is_main:  # (the other ranks neither log nor display)
-            start = {**self._start_event(), "tensorboard_note": metrics.note}
+            start = {**start_event(self), "tensorboard_note": metrics.note}
             metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
             self._emit(start)
         window, history, valid, stopped_by = Window(), [], None, "max_steps"
         last_window = window
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
         shown: dict = {}  # the last loss figures read (for the live display between log lines)
-        session_start = last_save = time.monotonic()
+        session_start = time.monotonic()
+        schedule = SaveSchedule(plan.save_every, plan.save_minutes, session_start)  # (checkpoints.py)
         elapsed_before = self.elapsed
-        saved_at = validated_at = -1
+        validated_at = -1
         watch = cpus.Watch() if plan.recheck_threads and rt.device.type == "cpu" else None
         votes = Votes(rt)  # stop and save, agreed by every rank (a step late where there are several)
         with StopSignals() as signals:
@@ -405,7 +346,7 @@ class Trainer:
                 t0 = time.monotonic()
                 self.elapsed = elapsed_before + t0 - session_start
                 out_of_time = bool(cfg.max_time) and self.elapsed >= cfg.max_time * 60
-                time_to_save = plan.save_minutes is not None and t0 - last_save >= plan.save_minutes * 60
+                time_to_save = schedule.time_to_save(t0)
                 update = self.reader.next_update()
                 if update is None:
                     stopped_by = "max_epochs"
@@ -441,13 +382,13 @@ class Trainer:
                 if stop:
                     stopped_by = "signal" if signals.signum is not None else "max_time"
                     break
-                save_due = save_now or self.step % plan.save_every == 0
+                save_due = schedule.due(self.step, save_now)
                 if save_due or (cfg.valid_every and self.step % cfg.valid_every == 0):
                     window.add_losses(*self._read_losses(pending))  # never validate or save a diverged model
                     valid, validated_at = self._validate_and_track(metrics), self.step
                     if save_due:
                         self.save(periodic=True, valid=valid)
-                        saved_at, last_save = self.step, time.monotonic()
+                        schedule.saved(self.step)
                     if cfg.patience and self.bad_valids >= cfg.patience:
                         stopped_by = "patience"
                         break
@@ -457,13 +398,13 @@ class Trainer:
             if stopped_by == "signal":
                 # torchrun kills a process 30 s after SIGTERM: save the state first, and nothing else
                 self.reader.close()
-                if saved_at != self.step:
+                if schedule.saved_at != self.step:
                     self.save(periodic=False, valid=None)
                 return self._finish(metrics, stopped_by, signum, None, None, history, None)
         # the end: validate and save the final state unless that just happened
         if validated_at != self.step:
             valid = self._validate_and_track(metrics)
-        if saved_at != self.step:
+        if schedule.saved_at != self.step:
             self.save(periodic=True, valid=valid)
         averaged = self._average_at_end()
         digests = self.rt.gather_objects(weights_digest(self.module)) if rt.distributed else None

@@ -23,7 +23,7 @@ from nmt_cli.data.store import SPM_MODEL, ParallelData, check_vocab_size, load_m
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.training import recipe_file
-from nmt_cli.training.checkpoints import LAST
+from nmt_cli.training.checkpoints import LAST, plain
 from nmt_cli.training.config import (
     BatchPlan,
     TrainConfig,
@@ -374,7 +374,7 @@ def write_run_config(plan: RunPlan) -> None:
         raise ConfigError(f"cannot create the run directory {out}: {exc.strerror or exc}; pick another -o") from exc
     resolved = {
         "nmt_version": __version__, "torch_version": torch.__version__,
-        "options": _plain(plan.cfg.to_dict()), "model": plan.model_config.to_dict(),
+        "options": plain(plan.cfg.to_dict()), "model": plan.model_config.to_dict(),
         "device": plan.launch.device_type, "world_size": plan.launch.world_size, "precision": plan.launch.precision,
         "max_tokens": plan.batching.max_tokens, "update_freq": plan.batching.update_freq,
         "update_tokens": plan.batching.update_tokens, "max_tokens_per_update": plan.batching.max_tokens_per_update,
@@ -385,14 +385,3 @@ def write_run_config(plan: RunPlan) -> None:
     }
     write_text(out / CONFIG_JSON, json.dumps(resolved, indent=2) + "\n", write_error)
     write_text(out / CONFIG_YAML, recipe_file.for_run(plan), write_error)
-
-
-
-
-def _plain(obj):
-    """JSON-like plain data (tuples become lists) for the training state."""
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    return obj

@@ -299,6 +299,10 @@ def setup_process(launch: Launch, rank: int, local_rank: int, threads: int | Non
             else:
                 dist.init_process_group(launch.backend, init_method=init_method or "env://", rank=rank,
                                         world_size=launch.world_size, timeout=timeout)
+    # The default group is the only one: host values (loss sums, stop and save flags) go through it (`Votes`,
+    # `all_reduce_sum`), NCCL on GPUs as gloo on CPU, so no gloo group beside NCCL (whose network interface clusters
+    # would have to name). The watchdog is no group either: a TCPStore client of its own, so that it still answers
+    # while a collective hangs (watchdog.py).
     watchdog = None
     if launch.distributed:
         from nmt_cli.training import watchdog as dog

@@ -148,6 +148,19 @@ class PerDirection:
         return out
 
 
+def validator_for(data: ParallelData | None, tokenizer: Tokenizer, rt: Runtime, max_tokens: int,
+                  label_smoothing: float, max_positions: int, beam: int | None) -> Validator | PerDirection | None:
+    """The valid split `data` dealt to this rank (`Validator`'s arguments); a multilingual run's per direction
+    (`PerDirection`); None without valid sentences."""
+    if data is None or not len(data):
+        return None
+    args = (tokenizer, rt, max_tokens, label_smoothing, max_positions, beam)
+    directions = data.directions("valid")
+    if directions:  # a multilingual run: each direction on its own, their mean for "best"
+        return PerDirection({key: Validator(rows, *args) for key, rows in directions.items() if len(rows)})
+    return Validator(data, *args)
+
+
 @dataclass
 class Best:
     """The best validation so far by `criterion` (valid_bleu: the higher the better; valid_nll: the lower) and how
