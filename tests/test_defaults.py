@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 from nmt_cli.decoding import SearchConfig
-from nmt_cli.inference.translate import DEFAULT_MAX_TOKENS
 from nmt_cli.runtime import defaults
 from nmt_cli.training.config import TrainConfig
 
@@ -18,7 +17,6 @@ def test_the_code_takes_the_defaults_from_defaults_py():
     assert (s.beam, s.alpha, s.lp, s.stop, s.max_len_a, s.max_len_b) == (
         defaults.BEAM, defaults.LENPEN, defaults.LENPEN_FORM, defaults.STOP, defaults.MAX_LEN_A, defaults.MAX_LEN_B)
     assert TrainConfig("data", "run").valid_beam == defaults.BEAM
-    assert DEFAULT_MAX_TOKENS is defaults.MAX_TOKENS_PER_DEVICE
 
 
 def test_help_shows_the_defaults():

@@ -18,9 +18,10 @@ from nmt_cli.cli import main
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
 from nmt_cli.inference.probe import translate_fits, translate_shapes
-from nmt_cli.inference.translate import DEFAULT_MAX_TOKENS, TranslateConfig, Translator, load_checkpoints
+from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
 from nmt_cli.model import Transformer
 from nmt_cli.runtime import memory
+from nmt_cli.runtime.defaults import MAX_TOKENS_PER_DEVICE
 from nmt_cli.runtime.memory import (
     SAFETY,
     OutOfMemory,
@@ -154,7 +155,7 @@ def ckpt_path(tmp_path_factory, toy_tokenizer_bytes):
 
 def test_translate_auto_on_cpu_is_the_default(ckpt_path):
     tr = Translator(load_checkpoints([ckpt_path]), "cpu", "fp32", TranslateConfig(max_tokens="auto"))
-    assert tr.config.max_tokens == DEFAULT_MAX_TOKENS["cpu"] and "CPU default" in tr.max_tokens_reason
+    assert tr.config.max_tokens == MAX_TOKENS_PER_DEVICE["cpu"] and "CPU default" in tr.max_tokens_reason
     assert Translator(load_checkpoints([ckpt_path]), "cpu").max_tokens_reason is None
     assert TranslateConfig(max_tokens="300").validate().max_tokens == 300
     with pytest.raises(ConfigError, match="positive integer or 'auto'"):
@@ -209,7 +210,7 @@ def test_translate_cli_auto_on_cpu_says_so_and_translates_as_the_default(ckpt_pa
     status, auto, err = _main(["translate", "-m", str(ckpt_path), "--device", "cpu", "--max-tokens", "auto"],
                               monkeypatch, capsys, text)
     assert status == 0 and auto == default
-    assert f"--max-tokens auto: {DEFAULT_MAX_TOKENS['cpu']}, the CPU default" in err
+    assert f"--max-tokens auto: {MAX_TOKENS_PER_DEVICE['cpu']}, the CPU default" in err
 
 
 def test_train_cli_auto_on_cpu_says_so_and_records_the_default(toy_data_dir, tmp_path, monkeypatch, capsys):

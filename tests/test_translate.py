@@ -17,7 +17,6 @@ from nmt_cli.checkpoints.averaging import average_checkpoints, fewer_message, la
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import CheckpointError, ConfigError, DeviceError
 from nmt_cli.inference.translate import (
-    DEFAULT_MAX_TOKENS,
     TranslateConfig,
     Translator,
     Warner,
@@ -26,6 +25,7 @@ from nmt_cli.inference.translate import (
     translate_stream,
 )
 from nmt_cli.runtime import precision
+from nmt_cli.runtime.defaults import MAX_TOKENS_PER_DEVICE
 
 FAST = SearchConfig(beam=4, max_len_a=1.0, max_len_b=4)
 
@@ -227,7 +227,7 @@ def test_cli_nbest_larger_than_beam_is_a_usage_error(ckpt_path):
 def test_max_tokens_defaults_by_device_and_is_validated(ckpt_path):
     cfg = TranslateConfig(search=FAST)
     tr = Translator(load_checkpoints([ckpt_path]), "cpu", "fp32", cfg)
-    assert tr.config.max_tokens == DEFAULT_MAX_TOKENS["cpu"] and cfg.max_tokens is None  # caller's config untouched
+    assert tr.config.max_tokens == MAX_TOKENS_PER_DEVICE["cpu"] and cfg.max_tokens is None  # caller's config untouched
     assert translator(ckpt_path, max_tokens=123).config.max_tokens == 123
     with pytest.raises(ConfigError, match="max-tokens"):
         TranslateConfig(max_tokens=0).validate()

@@ -40,7 +40,6 @@ from nmt_cli.runtime.precision import resolve_device, resolve_dtype, slow_bf16_w
 
 # Batch size by padded source tokens when not given: on CPU, batches that keep the [beam x rows, vocabulary]
 # step tensors small are faster. Defined in defaults.py, which `nmt translate --help` shows too.
-DEFAULT_MAX_TOKENS = defaults.MAX_TOKENS_PER_DEVICE
 # The largest batch max_tokens "auto" looks for: beyond it a GPU is already busy (the probe stays a few seconds).
 PROBE_CAP = 65536
 
@@ -51,7 +50,7 @@ class TranslateConfig:
 
     search: SearchConfig = field(default_factory=SearchConfig)
     buffer_size: int = 2000  # input lines per chunk (output is flushed after each chunk)
-    max_tokens: int | str | None = None  # padded source tokens per batch; None: DEFAULT_MAX_TOKENS of the device;
+    max_tokens: int | str | None = None  # padded source tokens per batch; None: defaults.MAX_TOKENS_PER_DEVICE of the device;
     # "auto": on a GPU the largest batch that fits, probed when the Translator is made (probe.py); on CPU the default
     max_sentences: int = 512  # sentences per batch
     join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
@@ -214,7 +213,7 @@ class Translator:
         """Load a checkpoint file, an `hf:ORG/NAME[@REVISION]` hub reference or a run directory (with
         `average_last`), or a list of them (an ensemble). `options` are `nmt translate`'s option names, with
         SearchConfig's defaults (beam, lenpen, lenpen_form, stop, max_len_a, max_len_b, nbest, ...) and
-        DEFAULT_MAX_TOKENS for max_tokens.
+        defaults.MAX_TOKENS_PER_DEVICE for max_tokens.
         """
         models = [model] if isinstance(model, (str, Path)) else list(model)
         config = TranslateConfig.from_options(**options)
@@ -231,7 +230,7 @@ class Translator:
         self.config = (config or TranslateConfig()).validate()
         auto = self.config.max_tokens == "auto"
         if self.config.max_tokens is None or auto:
-            self.config = dataclasses.replace(self.config, max_tokens=DEFAULT_MAX_TOKENS[self.device.type])
+            self.config = dataclasses.replace(self.config, max_tokens=defaults.MAX_TOKENS_PER_DEVICE[self.device.type])
         self.max_tokens_reason: str | None = None  # with max_tokens "auto": how it was chosen (the CLI prints it)
         self.warn = warn or Warner()
         slow = slow_bf16_warning(self.dtype, self.device)

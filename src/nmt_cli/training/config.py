@@ -18,12 +18,11 @@ from nmt_cli.runtime.precision import TRAIN_PRECISIONS
 PAPER_UPDATE_TOKENS = 25000
 
 # Recipe defaults per model preset. base/big are the paper's; tiny is tuned for minutes-long CPU runs on the
-# sample corpus (warmup 400 and 2048-token updates reached a validation perplexity of 1.4 in 400 updates where
-# warmup 1000 with 4096-token updates was at 5.4; measured with nmt prepare sample, when the 2048 counted padded
-# max(src, tgt) tokens; now they count real target tokens, a little more text per update).
+# sample corpus (a short warmup and small updates learn it in a few hundred updates, where the paper's settings
+# are still warming up).
 # Checkpoints: the paper wrote one every 10 minutes on 8 P100s and averaged the last 5 (base) / 20 (big): at its
 # speed (base 100k updates in 12 hours, big 300k in 3.5 days) that is about every 1,400 and 600 updates. Saving by
-# updates keeps the averaged window the paper's on any hardware (10 minutes on one H200 is ~9,800 base updates).
+# updates keeps the averaged window the paper's on any hardware (10 minutes on a current GPU is many more updates).
 RECIPES: dict[str, dict] = {
     "tiny": dict(warmup=400, update_tokens=2048, max_steps=30000, cpu_max_tokens=2048, save_every=1000,
                  average_last=5),

@@ -5,9 +5,8 @@ softmax - q, is stored during the forward pass and merely scaled in the backward
 log-softmax of the whole [N, V] logits is ever kept.
 - CPU: chunk by chunk of rows, a few passes each (those passes over a 37k vocabulary cost as much as a few
   matrix products there).
-- CUDA: one `torch.compile`d function (a few fused kernels that read the logits and write the gradient; the
-  eager chunks made 8 memory-bound passes, ~20 ms of an 85 ms update of `base` on an H200); eager chunks if
-  compiling fails.
+- CUDA: one `torch.compile`d function (a few fused kernels that read the logits and write the gradient, where the
+  eager chunks make 8 memory-bound passes); eager chunks if compiling fails.
 The gradient is stored in the logits' dtype, except for fp16 logits: there it stays float32 until the backward
 pass has multiplied it by the loss scale (eps / V = 2.7e-6 is subnormal in fp16).
 """

@@ -106,7 +106,7 @@ class Runtime:
         """Mixed-precision context for the forward pass (a no-op in fp32).
 
         On CPU in bf16 it also selects the composite ("math") attention kernel: the fused CPU flash-attention
-        kernel is ~2x slower than the composite one in bf16 for training-sized batches (bench/train.py).
+        kernel is slower than the composite one in bf16 for training-sized batches (bench/train.py measures both).
         """
         if self.precision == "fp32":
             return contextlib.nullcontext()

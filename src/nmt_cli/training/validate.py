@@ -99,10 +99,11 @@ class Validator:
         precision (`decoding_model`)."""
         from nmt_cli.decoding import JOIN_BELOW, SearchConfig, decode_batches
         from nmt_cli.decoding.config import source_batch
-        from nmt_cli.inference.translate import DEFAULT_MAX_TOKENS, TranslateConfig, stream_batches
+        from nmt_cli.inference.translate import TranslateConfig, stream_batches
+        from nmt_cli.runtime.defaults import MAX_TOKENS_PER_DEVICE
 
         rt, sources = self.rt, self.sources
-        batches, owner = stream_batches(sources, DEFAULT_MAX_TOKENS[rt.device.type], TranslateConfig.max_sentences,
+        batches, owner = stream_batches(sources, MAX_TOKENS_PER_DEVICE[rt.device.type], TranslateConfig.max_sentences,
                                         rt.world_size)
         mine = [b for b, o in zip(batches, owner, strict=True) if o == rt.rank]
         found = {i: [] for i, s in enumerate(sources) if not s} if rt.is_main else {}  # (empty: not decoded)
