@@ -199,28 +199,90 @@ def test_damaged_prepared_data_is_one_line_naming_the_file(toy_data_dir, damage,
     assert str(toy_data_dir / named) in str(exc.value) and words in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_a_checkpoint_whose_tokenizer_is_damaged_is_one_line_naming_the_file(ckpt, tmp_path):
-    """Found this way: a bit flip in the tokenizer's record said "not a valid sentencepiece model" without the
-    checkpoint's name."""
+def _records(path: Path) -> dict[str, tuple[int, int]]:
+    """{record name: (offset of its bytes in the file, their size)} of a checkpoint's zip archive (a record's bytes
+    follow its local header: 30 bytes, its name, its extra field)."""
     import zipfile
 
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+    out = {}
+    for info in infos:
+        at = info.header_offset
+        name_len, extra_len = (int.from_bytes(data[at + i:at + i + 2], "little") for i in (26, 28))
+        out[info.filename] = (at + 30 + name_len + extra_len, info.file_size)
+    return out
+
+
+def _flip_one_byte_of_a_weight(ckpt: Path, out: Path) -> Path:
+    """A copy of `ckpt` with one byte flipped inside the storage of its largest weight."""
     from nmt_cli.checkpoints.format import load
+
+    weight = max(load(ckpt).model_state.values(), key=lambda t: t.numel()).numpy().tobytes()
+    data = bytearray(ckpt.read_bytes())
+    start = next(start for start, size in _records(ckpt).values() if data[start:start + size] == weight)
+    data[start + len(weight) // 2] ^= 0x10
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_a_bit_flipped_in_the_weights_is_refused_where_torch_would_load_it(ckpt, tmp_path):
+    """torch.load does not compare the CRC-32s torch.save writes: the flipped file loads with other weights.
+    nmt compares them before loading, and the mapped load (the configuration only) stays unchecked."""
+    from nmt_cli.checkpoints.format import _torch_load, load
     from nmt_cli.errors import CheckpointError
 
-    data = bytearray(ckpt.read_bytes())
-    with zipfile.ZipFile(ckpt) as z:
-        records = [i for i in z.infolist() if "/data/" in i.filename]
-    spm = load(ckpt).tokenizer
-    for info in records:  # the record holding the tokenizer's bytes (after its local header: 30 bytes, name, extra)
-        at = info.header_offset
-        start = at + 30 + int.from_bytes(data[at + 26:at + 28], "little") + int.from_bytes(data[at + 28:at + 30], "little")
-        if data[start:start + info.file_size] == spm:
-            data[start:start + 64] = bytes(64)
-            break
-    else:
-        pytest.fail("no record holds the tokenizer")
+    damaged = _flip_one_byte_of_a_weight(ckpt, tmp_path / "damaged.pt")
+    good, bad = _torch_load(ckpt, "cpu", verify=False), _torch_load(damaged, "cpu", verify=False)
+    differ = [k for k in good["model"] if not torch_equal(good["model"][k], bad["model"][k])]
+    assert len(differ) == 1, differ  # what the check exists for: without it, a silent wrong weight
+    with pytest.raises(CheckpointError) as exc:
+        load(damaged)
+    message = str(exc.value)
+    assert message.startswith(f"{damaged}: damaged") and "use another checkpoint" in message and "\n" not in message
+    assert load(damaged, mmap=True).model_config == load(ckpt).model_config
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("command", ["translate", "average", "export"])
+def test_commands_refuse_a_bit_flipped_checkpoint_in_one_line(command, ckpt, tmp_path):
+    if command == "export":
+        pytest.importorskip("ctranslate2", reason="the export extra is not installed")
+    damaged = _flip_one_byte_of_a_weight(ckpt, tmp_path / "damaged.pt")
+    (tmp_path / "in.txt").write_text("the cat sees the dog\n")
+    args = {"translate": ["translate", "-m", "MODEL", "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt"],
+            "average": ["average", ckpt, "MODEL", "-o", tmp_path / "avg.pt"],
+            "export": ["export", "ctranslate2", "MODEL", "-o", tmp_path / "ct2"]}[command]
+    done = nmt(*[damaged if a == "MODEL" else a for a in args])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(damaged) in lines[0] and "damaged" in lines[0] and "use another checkpoint" in lines[0], lines
+    assert not [p for p in tmp_path.iterdir() if p.name not in ("damaged.pt", "in.txt")]  # nothing written
+    intact = nmt(*[ckpt if a == "MODEL" else a for a in args])
+    assert intact.returncode == 0, intact.stderr
+
+
+def test_a_checkpoint_whose_tokenizer_is_damaged_is_one_line_naming_the_file(ckpt, tmp_path):
+    """Found this way: a bit flip in the tokenizer's record said "not a valid sentencepiece model" without the
+    checkpoint's name. (A flip is now refused by the CRC-32 check; a file saved with a bad tokenizer and its own
+    valid checksums is still one line.)"""
+    import torch
+
+    from nmt_cli.checkpoints.format import load, to_dict
+    from nmt_cli.errors import CheckpointError
+
+    data = to_dict(load(ckpt))
+    spm = bytearray(data["tokenizer"].numpy().tobytes())
+    spm[:64] = bytes(64)
+    data["tokenizer"] = torch.frombuffer(spm, dtype=torch.uint8)
     damaged = tmp_path / "damaged.pt"
-    damaged.write_bytes(bytes(data))
+    torch.save(data, damaged)
     with pytest.raises(CheckpointError, match=r"damaged\.pt: its tokenizer is not a valid sentencepiece model"):
         load(damaged)
 
@@ -275,3 +337,4 @@ def test_translate_to_a_full_disk_names_the_file_and_keeps_the_previous_one(ckpt
         assert_one_line_about_the_full_disk(done, out)
         assert "keeps its previous content" in done.stderr and out.read_text() == "the previous translation\n"
         assert leftovers(small) == []
+
