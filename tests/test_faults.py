@@ -338,3 +338,101 @@ def test_translate_to_a_full_disk_names_the_file_and_keeps_the_previous_one(ckpt
         assert "keeps its previous content" in done.stderr and out.read_text() == "the previous translation\n"
         assert leftovers(small) == []
 
+
+# ------------------------------------------------------------------------------------ what a kill leaves behind
+
+
+def _ended_pid() -> int:
+    """The process id of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_writer_removes_the_staging_folders_of_ended_writers_only(tmp_path):
+    """.TARGET.PID@HOST.XXXX.tmp: removed where PID has ended on this host; kept where it is alive (a writer
+    filling it now) or of another host (a shared filesystem: its process cannot be looked at from here)."""
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.export.folder import atomic_folder
+
+    host = owner_tag().split("@")[1]
+    dead, live, other = (tmp_path / f".out.{tag}.k3j_x9ab.tmp" for tag in
+                         (f"{_ended_pid()}@{host}", owner_tag(), f"{_ended_pid()}@not-{host}"))
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "model.bin").write_bytes(b"half")
+    (tmp_path / ".other.1@x.tmp").mkdir()  # not this target's, not ours: never looked at
+    with atomic_folder(tmp_path / "out") as tmp:
+        assert tmp.name.startswith(f".out.{owner_tag()}.") and tmp.name.endswith(".tmp")
+        (tmp / "model.bin").write_bytes(b"whole")
+    assert not dead.exists() and live.exists() and other.exists() and (tmp_path / ".other.1@x.tmp").exists()
+    assert (tmp_path / "out" / "model.bin").read_bytes() == b"whole"
+
+
+def test_a_previous_export_a_kill_left_moved_aside_is_put_back(tmp_path):
+    """Killed between moving the previous export aside and renaming the new one into place: the target is
+    missing and the previous export is whole in .TARGET.PID@HOST.old; the next writer puts it back first."""
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.errors import ConfigError
+    from nmt_cli.export.folder import atomic_folder, remove_stale
+
+    host = owner_tag().split("@")[1]
+    old = tmp_path / f".out.{_ended_pid()}@{host}.old"
+    old.mkdir()
+    (old / "model.bin").write_bytes(b"previous")
+    with pytest.raises(ConfigError, match="already exists"), atomic_folder(tmp_path / "out"):
+        pass  # without --force the previous export is kept
+    assert (tmp_path / "out" / "model.bin").read_bytes() == b"previous" and not old.exists()
+    old.mkdir()  # killed after the new one was renamed into place: the one moved aside is removed
+    assert remove_stale(tmp_path / "out") == [old] and not old.exists()
+
+
+_KILLED_AFTER_WRITING_THE_WEIGHTS = """
+import os, signal, sys
+from ctranslate2.specs import model_spec
+save = model_spec.ModelSpec.save
+def save_then_die(self, *args, **kwargs):  # SIGKILL, with the weights written into the staging folder
+    save(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+model_spec.ModelSpec.save = save_then_die
+from nmt_cli.cli import main
+sys.argv = ["nmt", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.parametrize("command", ["export", "push-staging"])
+def test_after_a_kill_mid_export_the_rerun_leaves_no_staging_folder(command, ckpt, tmp_path):
+    """kill -9 with the staging folder half filled (the process kills itself once CTranslate2 has written the
+    weights: a tiny export is staged for milliseconds), then the same command again: the whole export, no .tmp."""
+    pytest.importorskip("ctranslate2", reason="the export extra is not installed")
+    out = tmp_path / "out"
+    args = {"export": ["export", "ctranslate2", ckpt, "-o", out, "--force"],
+            "push-staging": ["push", ckpt, "me/model", "--ctranslate2", "--dry-run", out]}[command]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AFTER_WRITING_THE_WEIGHTS, *map(str, args)],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    assert not out.exists() and len(list(tmp_path.glob(".out.*.tmp"))) == 1  # what the kill left
+    done = nmt(*args)
+    assert done.returncode == 0, done.stderr
+    assert (out / "model.bin").is_file() or (out / "ctranslate2" / "model.bin").is_file()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_push_removes_the_staging_folders_of_ended_pushes_only(tmp_path, monkeypatch):
+    """A push stages in the system's temporary folder (nmt-push-PID@HOST.XXXX); one that a kill left is removed
+    by the next push, a live push's is kept."""
+    import tempfile
+
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.hub.push import staging_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    host = owner_tag().split("@")[1]
+    dead, live = tmp_path / f"nmt-push-{_ended_pid()}@{host}.ab_12cd", tmp_path / f"nmt-push-{owner_tag()}.zz9"
+    for folder in (dead, live):
+        (folder / "repo").mkdir(parents=True)
+    with staging_folder() as tmp:
+        assert Path(tmp).name.startswith(f"nmt-push-{owner_tag()}.")
+        assert not dead.exists() and live.exists()
+    assert not Path(tmp).exists()

@@ -3,12 +3,16 @@ a prepared directory's manifest, tokenizer and step records).
 
 A temporary file NAME.XXXX.tmp is written beside NAME, flushed and fsynced, then renamed over NAME (and the rename
 made durable): a crash, a full disk or Ctrl-C at any moment leaves either the old file or the new one.
+
+A temporary folder (export/folder.py) carries its writer in its name (`owner_tag`: process id @ host), so that a
+later writer can tell one left by a killed process (`owner_gone`) from one that a live writer still fills.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -101,3 +105,28 @@ def remove_stale_tmp(directory: str | os.PathLike) -> tuple[int, int]:
             p.unlink(missing_ok=True)
             files += 1
     return files, size
+
+
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+_OWNER = re.compile(r"(\d+)@([A-Za-z0-9_-]+)")
+
+
+def owner_tag() -> str:
+    """This process as a name part: PID@HOST (the host's name with anything but letters, digits, - and _ as _)."""
+    return f"{os.getpid()}@{_HOST}"
+
+
+def owner_gone(tag: str) -> bool:
+    """Whether the process that `owner_tag()` gave `tag` has ended. Only a process of this host can be known to
+    have ended: a tag of another host (a shared filesystem) or not a tag at all is never gone. A process id that a
+    new process has taken since reads as alive: its leftovers are kept, never a live writer's removed."""
+    found = _OWNER.fullmatch(tag)
+    if found is None or found.group(2) != _HOST:
+        return False
+    try:
+        os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):  # another user's process (alive), or not a process id
+        return False
+    return False
