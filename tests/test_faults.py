@@ -436,3 +436,19 @@ def test_a_push_removes_the_staging_folders_of_ended_pushes_only(tmp_path, monke
         assert Path(tmp).name.startswith(f"nmt-push-{owner_tag()}.")
         assert not dead.exists() and live.exists()
     assert not Path(tmp).exists()
+
+
+def test_a_write_removes_the_temporary_files_of_ended_writers_of_the_same_file_only(ckpt, tmp_path):
+    """What `kill -9` during `nmt average` or `nmt import` leaves (avg.pt.PID@HOST.XXXX.tmp) is removed by the next
+    write of avg.pt; a live writer's, another file's and another host's stay."""
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.checkpoints.format import load, save
+
+    host = owner_tag().split("@")[1]
+    dead, live, other_host, other_file = (tmp_path / name for name in (
+        f"avg.pt.{_ended_pid()}@{host}.a1b2c3d4.tmp", f"avg.pt.{owner_tag()}.a1b2c3d4.tmp",
+        f"avg.pt.{_ended_pid()}@not-{host}.a1b2c3d4.tmp", f"other.pt.{_ended_pid()}@{host}.a1b2c3d4.tmp"))
+    for path in (dead, live, other_host, other_file):
+        path.write_bytes(b"half a checkpoint")
+    save(load(ckpt), tmp_path / "avg.pt")
+    assert not dead.exists() and live.exists() and other_host.exists() and other_file.exists()
