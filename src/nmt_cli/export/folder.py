@@ -72,11 +72,13 @@ def remove_stale(target: Path) -> list[Path]:
     """Remove the temporary folders that killed writers of `target` left beside it (their process has ended on
     this host), first putting back a previous export moved aside by a kill where `target` is missing -> what was
     removed or put back."""
-    if not target.parent.is_dir():
+    try:
+        siblings = sorted(target.parent.iterdir(), key=lambda p: not p.name.endswith(".old"))  # .old ones first
+    except OSError:  # no parent yet, or one that cannot be listed (then mkdtemp's error will say so)
         return []
     pattern = re.compile(re.escape(f".{target.name}.") + r"([0-9]+@[A-Za-z0-9_-]+)\.(?:[a-z0-9_]+\.tmp|old)")
     done = []
-    for path in sorted(target.parent.iterdir(), key=lambda p: not p.name.endswith(".old")):  # .old ones first
+    for path in siblings:
         found = pattern.fullmatch(path.name)
         if found is None or not path.is_dir() or not owner_gone(found.group(1)):
             continue
