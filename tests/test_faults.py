@@ -452,3 +452,21 @@ def test_a_write_removes_the_temporary_files_of_ended_writers_of_the_same_file_o
         path.write_bytes(b"half a checkpoint")
     save(load(ckpt), tmp_path / "avg.pt")
     assert not dead.exists() and live.exists() and other_host.exists() and other_file.exists()
+
+
+def test_a_bit_flipped_marian_pytorch_model_bin_is_refused_at_import(tmp_path):
+    """A downloaded MarianMT folder's pytorch_model.bin goes through the same CRC-32 check."""
+    import torch
+
+    from nmt_cli.checkpoints.marian import load_weights
+    from nmt_cli.errors import CheckpointError
+
+    weight = torch.arange(4096, dtype=torch.float32)
+    torch.save({"model.shared.weight": weight}, tmp_path / "pytorch_model.bin")
+    assert torch.equal(load_weights(tmp_path)["model.shared.weight"], weight)
+    data = bytearray((tmp_path / "pytorch_model.bin").read_bytes())
+    start = next(start for start, size in _records(tmp_path / "pytorch_model.bin").values() if size == 4096 * 4)
+    data[start + 100] ^= 0x01
+    (tmp_path / "pytorch_model.bin").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: damaged .*; re-download the model$"):
+        load_weights(tmp_path)
