@@ -250,8 +250,10 @@ def torch_equal(a, b) -> bool:
     return torch.equal(a, b)
 
 
-@pytest.mark.parametrize("command", ["translate", "average", "export"])
+@pytest.mark.parametrize("command", ["translate", pytest.param("average", marks=pytest.mark.slow),
+                                     pytest.param("export", marks=pytest.mark.slow)])
 def test_commands_refuse_a_bit_flipped_checkpoint_in_one_line(command, ckpt, tmp_path):
+    """Refused in one line, nothing written; the intact checkpoint runs. (average and export: `make test-fuzz`.)"""
     if command == "export":
         pytest.importorskip("ctranslate2", reason="the export extra is not installed")
     damaged = _flip_one_byte_of_a_weight(ckpt, tmp_path / "damaged.pt")
@@ -401,6 +403,7 @@ main()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["export", "push-staging"])
 def test_after_a_kill_mid_export_the_rerun_leaves_no_staging_folder(command, ckpt, tmp_path):
     """kill -9 with the staging folder half filled (the process kills itself once CTranslate2 has written the
