@@ -151,7 +151,7 @@ def _torch_load(path: Path, map_location, mmap: bool = False, verify: bool = Tru
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
     """Read a checkpoint; any problem becomes a one-line CheckpointError naming the file, a damaged one too: every
     record's CRC-32 is compared before torch.load reads the file (checkpoints/integrity.py: about one more pass
-    over the file in memory, ~1.6-2.4x a warm torch.load but a small part of any command; docs/results.md). Every
+    over the file in memory, 1.5-2.4x a warm torch.load but a small part of any command; docs/results.md). Every
     full load is one whose weights are translated with or written onward (translate, serve, average, export, push,
     a resumed or initialised run), so each is checked. `mmap=True` maps the tensors instead of reading them (cheap
     when only the configuration is looked at, e.g. not the optimizer state of a training checkpoint) and so
