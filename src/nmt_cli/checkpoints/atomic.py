@@ -144,4 +144,3 @@ def remove_stale_tmp(directory: str | os.PathLike) -> tuple[int, int]:
             p.unlink(missing_ok=True)
             files += 1
     return files, size
-
