@@ -199,28 +199,92 @@ def test_damaged_prepared_data_is_one_line_naming_the_file(toy_data_dir, damage,
     assert str(toy_data_dir / named) in str(exc.value) and words in str(exc.value) and "\n" not in str(exc.value)
 
 
-def test_a_checkpoint_whose_tokenizer_is_damaged_is_one_line_naming_the_file(ckpt, tmp_path):
-    """Found this way: a bit flip in the tokenizer's record said "not a valid sentencepiece model" without the
-    checkpoint's name."""
+def _records(path: Path) -> dict[str, tuple[int, int]]:
+    """{record name: (offset of its bytes in the file, their size)} of a checkpoint's zip archive (a record's bytes
+    follow its local header: 30 bytes, its name, its extra field)."""
     import zipfile
 
+    data = path.read_bytes()
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+    out = {}
+    for info in infos:
+        at = info.header_offset
+        name_len, extra_len = (int.from_bytes(data[at + i:at + i + 2], "little") for i in (26, 28))
+        out[info.filename] = (at + 30 + name_len + extra_len, info.file_size)
+    return out
+
+
+def _flip_one_byte_of_a_weight(ckpt: Path, out: Path) -> Path:
+    """A copy of `ckpt` with one byte flipped inside the storage of its largest weight."""
     from nmt_cli.checkpoints.format import load
+
+    weight = max(load(ckpt).model_state.values(), key=lambda t: t.numel()).numpy().tobytes()
+    data = bytearray(ckpt.read_bytes())
+    start = next(start for start, size in _records(ckpt).values() if data[start:start + size] == weight)
+    data[start + len(weight) // 2] ^= 0x10
+    out.write_bytes(bytes(data))
+    return out
+
+
+def test_a_bit_flipped_in_the_weights_is_refused_where_torch_would_load_it(ckpt, tmp_path):
+    """torch.load does not compare the CRC-32s torch.save writes: the flipped file loads with other weights.
+    nmt compares them before loading, and the mapped load (the configuration only) stays unchecked."""
+    from nmt_cli.checkpoints.format import _torch_load, load
     from nmt_cli.errors import CheckpointError
 
-    data = bytearray(ckpt.read_bytes())
-    with zipfile.ZipFile(ckpt) as z:
-        records = [i for i in z.infolist() if "/data/" in i.filename]
-    spm = load(ckpt).tokenizer
-    for info in records:  # the record holding the tokenizer's bytes (after its local header: 30 bytes, name, extra)
-        at = info.header_offset
-        start = at + 30 + int.from_bytes(data[at + 26:at + 28], "little") + int.from_bytes(data[at + 28:at + 30], "little")
-        if data[start:start + info.file_size] == spm:
-            data[start:start + 64] = bytes(64)
-            break
-    else:
-        pytest.fail("no record holds the tokenizer")
+    damaged = _flip_one_byte_of_a_weight(ckpt, tmp_path / "damaged.pt")
+    good, bad = _torch_load(ckpt, "cpu", verify=False), _torch_load(damaged, "cpu", verify=False)
+    differ = [k for k in good["model"] if not torch_equal(good["model"][k], bad["model"][k])]
+    assert len(differ) == 1, differ  # what the check exists for: without it, a silent wrong weight
+    with pytest.raises(CheckpointError) as exc:
+        load(damaged)
+    message = str(exc.value)
+    assert message.startswith(f"{damaged}: damaged") and "use another checkpoint" in message and "\n" not in message
+    assert load(damaged, mmap=True).model_config == load(ckpt).model_config
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("command", ["translate", pytest.param("average", marks=pytest.mark.slow),
+                                     pytest.param("export", marks=pytest.mark.slow)])
+def test_commands_refuse_a_bit_flipped_checkpoint_in_one_line(command, ckpt, tmp_path):
+    """Refused in one line, nothing written; the intact checkpoint runs. (average and export: `make test-fuzz`.)"""
+    if command == "export":
+        pytest.importorskip("ctranslate2", reason="the export extra is not installed")
+    damaged = _flip_one_byte_of_a_weight(ckpt, tmp_path / "damaged.pt")
+    (tmp_path / "in.txt").write_text("the cat sees the dog\n")
+    args = {"translate": ["translate", "-m", "MODEL", "-i", tmp_path / "in.txt", "-o", tmp_path / "out.txt"],
+            "average": ["average", ckpt, "MODEL", "-o", tmp_path / "avg.pt"],
+            "export": ["export", "ctranslate2", "MODEL", "-o", tmp_path / "ct2"]}[command]
+    done = nmt(*[damaged if a == "MODEL" else a for a in args])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert str(damaged) in lines[0] and "damaged" in lines[0] and "use another checkpoint" in lines[0], lines
+    assert not [p for p in tmp_path.iterdir() if p.name not in ("damaged.pt", "in.txt")]  # nothing written
+    intact = nmt(*[ckpt if a == "MODEL" else a for a in args])
+    assert intact.returncode == 0, intact.stderr
+
+
+def test_a_checkpoint_whose_tokenizer_is_damaged_is_one_line_naming_the_file(ckpt, tmp_path):
+    """Found this way: a bit flip in the tokenizer's record said "not a valid sentencepiece model" without the
+    checkpoint's name. (A flip is now refused by the CRC-32 check; a file saved with a bad tokenizer and its own
+    valid checksums is still one line.)"""
+    import torch
+
+    from nmt_cli.checkpoints.format import load, to_dict
+    from nmt_cli.errors import CheckpointError
+
+    data = to_dict(load(ckpt))
+    spm = bytearray(data["tokenizer"].numpy().tobytes())
+    spm[:64] = bytes(64)
+    data["tokenizer"] = torch.frombuffer(spm, dtype=torch.uint8)
     damaged = tmp_path / "damaged.pt"
-    damaged.write_bytes(bytes(data))
+    torch.save(data, damaged)
     with pytest.raises(CheckpointError, match=r"damaged\.pt: its tokenizer is not a valid sentencepiece model"):
         load(damaged)
 
@@ -275,3 +339,137 @@ def test_translate_to_a_full_disk_names_the_file_and_keeps_the_previous_one(ckpt
         assert_one_line_about_the_full_disk(done, out)
         assert "keeps its previous content" in done.stderr and out.read_text() == "the previous translation\n"
         assert leftovers(small) == []
+
+
+# ------------------------------------------------------------------------------------ what a kill leaves behind
+
+
+def _ended_pid() -> int:
+    """The process id of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_a_writer_removes_the_staging_folders_of_ended_writers_only(tmp_path):
+    """.TARGET.PID@HOST.XXXX.tmp: removed where PID has ended on this host; kept where it is alive (a writer
+    filling it now) or of another host (a shared filesystem: its process cannot be looked at from here)."""
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.export.folder import atomic_folder
+
+    host = owner_tag().split("@")[1]
+    dead, live, other = (tmp_path / f".out.{tag}.k3j_x9ab.tmp" for tag in
+                         (f"{_ended_pid()}@{host}", owner_tag(), f"{_ended_pid()}@not-{host}"))
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "model.bin").write_bytes(b"half")
+    (tmp_path / ".other.1@x.tmp").mkdir()  # not this target's, not ours: never looked at
+    with atomic_folder(tmp_path / "out") as tmp:
+        assert tmp.name.startswith(f".out.{owner_tag()}.") and tmp.name.endswith(".tmp")
+        (tmp / "model.bin").write_bytes(b"whole")
+    assert not dead.exists() and live.exists() and other.exists() and (tmp_path / ".other.1@x.tmp").exists()
+    assert (tmp_path / "out" / "model.bin").read_bytes() == b"whole"
+
+
+def test_a_previous_export_a_kill_left_moved_aside_is_put_back(tmp_path):
+    """Killed between moving the previous export aside and renaming the new one into place: the target is
+    missing and the previous export is whole in .TARGET.PID@HOST.old; the next writer puts it back first."""
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.errors import ConfigError
+    from nmt_cli.export.folder import atomic_folder, remove_stale
+
+    host = owner_tag().split("@")[1]
+    old = tmp_path / f".out.{_ended_pid()}@{host}.old"
+    old.mkdir()
+    (old / "model.bin").write_bytes(b"previous")
+    with pytest.raises(ConfigError, match="already exists"), atomic_folder(tmp_path / "out"):
+        pass  # without --force the previous export is kept
+    assert (tmp_path / "out" / "model.bin").read_bytes() == b"previous" and not old.exists()
+    old.mkdir()  # killed after the new one was renamed into place: the one moved aside is removed
+    assert remove_stale(tmp_path / "out") == [old] and not old.exists()
+
+
+_KILLED_AFTER_WRITING_THE_WEIGHTS = """
+import os, signal, sys
+from ctranslate2.specs import model_spec
+save = model_spec.ModelSpec.save
+def save_then_die(self, *args, **kwargs):  # SIGKILL, with the weights written into the staging folder
+    save(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+model_spec.ModelSpec.save = save_then_die
+from nmt_cli.cli import main
+sys.argv = ["nmt", *sys.argv[1:]]
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["export", "push-staging"])
+def test_after_a_kill_mid_export_the_rerun_leaves_no_staging_folder(command, ckpt, tmp_path):
+    """kill -9 with the staging folder half filled (the process kills itself once CTranslate2 has written the
+    weights: a tiny export is staged for milliseconds), then the same command again: the whole export, no .tmp."""
+    pytest.importorskip("ctranslate2", reason="the export extra is not installed")
+    out = tmp_path / "out"
+    args = {"export": ["export", "ctranslate2", ckpt, "-o", out, "--force"],
+            "push-staging": ["push", ckpt, "me/model", "--ctranslate2", "--dry-run", out]}[command]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_AFTER_WRITING_THE_WEIGHTS, *map(str, args)],
+                            capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr
+    assert not out.exists() and len(list(tmp_path.glob(".out.*.tmp"))) == 1  # what the kill left
+    done = nmt(*args)
+    assert done.returncode == 0, done.stderr
+    assert (out / "model.bin").is_file() or (out / "ctranslate2" / "model.bin").is_file()
+    assert leftovers(tmp_path) == []
+
+
+def test_a_push_removes_the_staging_folders_of_ended_pushes_only(tmp_path, monkeypatch):
+    """A push stages in the system's temporary folder (nmt-push-PID@HOST.XXXX); one that a kill left is removed
+    by the next push, a live push's is kept."""
+    import tempfile
+
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.hub.push import staging_folder
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    host = owner_tag().split("@")[1]
+    dead, live = tmp_path / f"nmt-push-{_ended_pid()}@{host}.ab_12cd", tmp_path / f"nmt-push-{owner_tag()}.zz9"
+    for folder in (dead, live):
+        (folder / "repo").mkdir(parents=True)
+    with staging_folder() as tmp:
+        assert Path(tmp).name.startswith(f"nmt-push-{owner_tag()}.")
+        assert not dead.exists() and live.exists()
+    assert not Path(tmp).exists()
+
+
+def test_a_write_removes_the_temporary_files_of_ended_writers_of_the_same_file_only(ckpt, tmp_path):
+    """What `kill -9` during `nmt average` or `nmt import` leaves (avg.pt.PID@HOST.XXXX.tmp) is removed by the next
+    write of avg.pt; a live writer's, another file's and another host's stay."""
+    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.checkpoints.format import load, save
+
+    host = owner_tag().split("@")[1]
+    dead, live, other_host, other_file = (tmp_path / name for name in (
+        f"avg.pt.{_ended_pid()}@{host}.a1b2c3d4.tmp", f"avg.pt.{owner_tag()}.a1b2c3d4.tmp",
+        f"avg.pt.{_ended_pid()}@not-{host}.a1b2c3d4.tmp", f"other.pt.{_ended_pid()}@{host}.a1b2c3d4.tmp"))
+    for path in (dead, live, other_host, other_file):
+        path.write_bytes(b"half a checkpoint")
+    save(load(ckpt), tmp_path / "avg.pt")
+    assert not dead.exists() and live.exists() and other_host.exists() and other_file.exists()
+
+
+def test_a_bit_flipped_marian_pytorch_model_bin_is_refused_at_import(tmp_path):
+    """A downloaded MarianMT folder's pytorch_model.bin goes through the same CRC-32 check."""
+    import torch
+
+    from nmt_cli.checkpoints.marian import load_weights
+    from nmt_cli.errors import CheckpointError
+
+    weight = torch.arange(4096, dtype=torch.float32)
+    torch.save({"model.shared.weight": weight}, tmp_path / "pytorch_model.bin")
+    assert torch.equal(load_weights(tmp_path)["model.shared.weight"], weight)
+    data = bytearray((tmp_path / "pytorch_model.bin").read_bytes())
+    start = next(start for start, size in _records(tmp_path / "pytorch_model.bin").values() if size == 4096 * 4)
+    data[start + 100] ^= 0x01
+    (tmp_path / "pytorch_model.bin").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"pytorch_model\.bin: damaged .*; re-download the model$"):
+        load_weights(tmp_path)

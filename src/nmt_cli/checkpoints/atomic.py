@@ -1,19 +1,48 @@
 """Atomic file writes, the one helper for every file nmt must never leave half-written (checkpoints, config.json,
 a prepared directory's manifest, tokenizer and step records).
 
-A temporary file NAME.XXXX.tmp is written beside NAME, flushed and fsynced, then renamed over NAME (and the rename
-made durable): a crash, a full disk or Ctrl-C at any moment leaves either the old file or the new one.
+A temporary file NAME.PID@HOST.XXXX.tmp is written beside NAME, flushed and fsynced, then renamed over NAME (and
+the rename made durable): a crash, a full disk or Ctrl-C at any moment leaves either the old file or the new one.
+
+Only SIGKILL (or a power cut) leaves the temporary file behind. Its name says whose it was (`owner_tag`: process id
+@ host; export/folder.py names its temporary folders the same way), so that the next writer of NAME removes the
+ones whose process has ended (`owner_gone`), never one that a live writer still fills.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import re
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+_HOST = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname()) or "host"
+_OWNER = re.compile(r"(\d+)@([A-Za-z0-9_-]+)")
+
+
+def owner_tag() -> str:
+    """This process as a name part: PID@HOST (the host's name with anything but letters, digits, - and _ as _)."""
+    return f"{os.getpid()}@{_HOST}"
+
+
+def owner_gone(tag: str) -> bool:
+    """Whether the process that `owner_tag()` gave `tag` has ended. Only a process of this host can be known to
+    have ended: a tag of another host (a shared filesystem) or not a tag at all is never gone. A process id that a
+    new process has taken since reads as alive: its leftovers are kept, never a live writer's removed."""
+    found = _OWNER.fullmatch(tag)
+    if found is None or found.group(2) != _HOST:
+        return False
+    try:
+        os.kill(int(found.group(1)), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):  # another user's process (alive), or not a process id
+        return False
+    return False
 
 
 def _umask() -> int:
@@ -32,7 +61,8 @@ def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OS
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        remove_stale_files(path)
+        fd, tmp = tempfile.mkstemp(prefix=f"{path.name}.{owner_tag()}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
         if on_error is None:
             raise
@@ -63,6 +93,19 @@ def atomic_write(path: str | os.PathLike, write_fn, on_error: Callable[[Path, OS
             os.close(dir_fd)
     except OSError:
         pass
+
+
+def remove_stale_files(path: Path) -> int:
+    """Delete the temporary files NAME.PID@HOST.XXXX.tmp that killed writers of `path` left beside it (their process
+    has ended on this host) -> how many."""
+    pattern = re.compile(re.escape(f"{path.name}.") + r"([0-9]+@[A-Za-z0-9_-]+)\.[a-z0-9_]+\.tmp")
+    removed = 0
+    for p in path.parent.glob(glob.escape(path.name) + ".*.tmp"):
+        found = pattern.fullmatch(p.name)
+        if found and p.is_file() and owner_gone(found.group(1)):
+            p.unlink(missing_ok=True)
+            removed += 1
+    return removed
 
 
 def os_error_behind(exc: BaseException) -> OSError | None:

@@ -19,7 +19,6 @@ import os
 import pickle
 import re
 import warnings
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import torch
 
 from nmt_cli import __version__
 from nmt_cli.checkpoints.atomic import atomic_write
+from nmt_cli.checkpoints.integrity import check_archive
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.tokenizer import is_sentencepiece_model
 from nmt_cli.errors import CheckpointError
@@ -111,11 +111,13 @@ def save(ckpt: Checkpoint, path: str | os.PathLike) -> None:
 _ZIP_MAGIC = b"PK\x03\x04"
 _LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19."
 _NOT_OURS = "pass a checkpoint written by nmt train or nmt average"
+_USE_ANOTHER = "use another checkpoint, or copy or download this one again"
 
 
-def _torch_load(path: Path, map_location, mmap: bool = False) -> Any:
+def _torch_load(path: Path, map_location, mmap: bool = False, verify: bool = True) -> Any:
     """torch.load(weights_only=True), every failure a CheckpointError of our own words naming the file: not a
-    PyTorch file at all, a truncated or corrupt one, or one holding objects that are not tensors or plain data.
+    PyTorch file at all, a truncated, corrupt or damaged one (with `verify`, each record's CRC-32 is compared:
+    checkpoints/integrity.py), or one holding objects that are not tensors or plain data.
     torch's warnings are silenced (e.g. about a pickle protocol): the error says what matters. `mmap`: the tensors
     are mapped from the file, not read (zip archives only; a legacy file is read whole)."""
     with open(path, "rb") as f:
@@ -127,7 +129,7 @@ def _torch_load(path: Path, map_location, mmap: bool = False) -> Any:
         raise CheckpointError(f"{path}: not a PyTorch checkpoint (it is neither the zip archive torch.save writes "
                               f"nor its legacy pickle); {_NOT_OURS}")
     if head.startswith(_ZIP_MAGIC):
-        _check_zip(path)
+        check_archive(path, _USE_ANOTHER, crc=verify)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -146,22 +148,15 @@ def _torch_load(path: Path, map_location, mmap: bool = False) -> Any:
                               "file or use an earlier checkpoint") from exc
 
 
-def _check_zip(path: Path) -> None:
-    """A complete zip archive (its central directory, at the end, is there) holding torch.save's data.pkl."""
-    try:
-        with zipfile.ZipFile(path) as z:
-            names = z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        raise CheckpointError(f"{path}: truncated or corrupt (its zip archive is incomplete: an interrupted copy or "
-                              "save?); re-copy the file or use an earlier checkpoint") from None
-    if not any(name == "data.pkl" or name.endswith("/data.pkl") for name in names):
-        raise CheckpointError(f"{path}: a zip archive but not a PyTorch checkpoint (no data.pkl in it); {_NOT_OURS}")
-
-
 def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap: bool = False) -> Checkpoint:
-    """Read a checkpoint; any problem becomes a one-line CheckpointError naming the file. `mmap=True` maps the
-    tensors instead of reading them (cheap when only the configuration is looked at, e.g. not the optimizer state
-    of a training checkpoint)."""
+    """Read a checkpoint; any problem becomes a one-line CheckpointError naming the file, a damaged one too: every
+    record's CRC-32 is compared before torch.load reads the file (checkpoints/integrity.py: about one more pass
+    over the file in memory, 1.5-2.4x a warm torch.load but a small part of any command; docs/results.md). Every
+    full load is one whose weights are translated with or written onward (translate, serve, average, export, push,
+    a resumed or initialised run), so each is checked. `mmap=True` maps the tensors instead of reading them (cheap
+    when only the configuration is looked at, e.g. not the optimizer state of a training checkpoint) and so
+    compares no CRC-32: reading every byte to check it would undo what mapping saves; such a load must not be the
+    one whose weights are used."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint file; check the path (nmt train writes RUN_DIR/checkpoint_last.pt)")
@@ -169,7 +164,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap
         raise CheckpointError(f"{path} is a directory; pass a checkpoint file such as {path}/checkpoint_best.pt")
     if path.stat().st_size == 0:
         raise CheckpointError(f"{path}: the file is empty (an interrupted copy?); use another checkpoint")
-    data = _torch_load(path, map_location, mmap)
+    data = _torch_load(path, map_location, mmap, verify=not mmap)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an nmt checkpoint (no '{FORMAT}' marker); pass a file written by nmt train or nmt average")
     version = data.get("version")

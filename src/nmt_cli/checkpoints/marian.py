@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from nmt_cli.checkpoints.format import Checkpoint
+from nmt_cli.checkpoints.integrity import check_archive
 from nmt_cli.config import BOS_ID, ModelConfig
 from nmt_cli.errors import CheckpointError, ConfigError
 
@@ -100,14 +101,18 @@ def model_config(hf: dict, vocab_size: int, final_logits_bias: bool) -> ModelCon
 
 def load_weights(folder: Path) -> dict[str, torch.Tensor]:
     """The folder's weights: model.safetensors (with the safetensors package) or pytorch_model.bin (read with
-    torch.load(weights_only=True): a downloaded file never runs code)."""
+    torch.load(weights_only=True): a downloaded file never runs code; its CRC-32s compared first)."""
     if (folder / WEIGHT_FILES[0]).is_file():
         from safetensors.torch import load_file
 
         return load_file(str(folder / WEIGHT_FILES[0]))
     if (folder / WEIGHT_FILES[1]).is_file():
+        path = folder / WEIGHT_FILES[1]
+        with open(path, "rb") as f:
+            if f.read(4) == b"PK\x03\x04":  # torch.save's zip archive (not the legacy pickle): its CRC-32s
+                check_archive(path, "re-download the model")
         try:
-            return torch.load(folder / WEIGHT_FILES[1], map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=True)
         except Exception as exc:  # noqa: BLE001 (torch raises many kinds on damaged or unsafe files)
             raise CheckpointError(f"{folder / WEIGHT_FILES[1]}: cannot be read safely ({type(exc).__name__}); "
                                   "re-download the model") from exc

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import typer
@@ -80,7 +79,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"dry run: {len(files)} files for {repo_id} in {dry_run}/ (nothing uploaded): "
                        + ", ".join(files), err=True)
             return
-        with tempfile.TemporaryDirectory(prefix="nmt-push-") as tmp:
+        with hub.staging_folder() as tmp:
             files = hub.stage(ckpt, Path(tmp) / "repo", repo_id, **kwargs)
             pushed = hub.upload(Path(tmp) / "repo", repo_id, private, message, hub_token)
         typer.echo(f"pushed {len(files)} files to {pushed.url} (commit {pushed.commit}); translate with: "

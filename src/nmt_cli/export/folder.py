@@ -1,19 +1,23 @@
 """Export folders appear whole or not at all: written into a temporary directory beside the target, then renamed.
 
 A crash, Ctrl-C or a refused conversion leaves the target as it was (absent, or the previous export with
-`replace=True`); the temporary directory is removed on any error.
+`replace=True`); the temporary directory is removed on any error. Only SIGKILL (or a power cut) leaves it behind:
+its name, .TARGET.PID@HOST.XXXX.tmp, says whose it was, and the next writer of the same target removes those
+whose process has ended (never a live writer's), and puts back a previous export that a kill left moved aside
+(.TARGET.PID@HOST.old, between the two renames) where the target is missing.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nmt_cli.checkpoints.atomic import os_error_behind
+from nmt_cli.checkpoints.atomic import os_error_behind, owner_gone, owner_tag
 from nmt_cli.errors import ConfigError
 
 
@@ -32,10 +36,11 @@ def atomic_folder(target: str | os.PathLike, replace: bool = False,
                   force_option: str | None = "--force") -> Iterator[Path]:
     """Yield an empty temporary directory; when the block ends without error it becomes `target`."""
     target = Path(target)
+    remove_stale(target)
     check_target(target, replace, force_option)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.{owner_tag()}.", suffix=".tmp", dir=target.parent))
     except OSError as exc:
         raise ConfigError(f"cannot write {target}: {exc.strerror or exc}; make {target.parent} writable") from exc
     try:
@@ -43,7 +48,7 @@ def atomic_folder(target: str | os.PathLike, replace: bool = False,
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; an export is an ordinary folder
         old = None
         if target.exists():  # (replace=True) move the previous export aside; put it back if the rename fails
-            old = target.with_name(f".{target.name}.{os.getpid()}.old")
+            old = target.with_name(f".{target.name}.{owner_tag()}.old")
             os.replace(target, old)
         try:
             os.replace(tmp, target)
@@ -61,6 +66,32 @@ def atomic_folder(target: str | os.PathLike, replace: bool = False,
             raise ConfigError(f"cannot write {target}: {cause.strerror or cause}; {target} was left as it was. "
                               "Free disk space or make the directory writable") from exc
         raise
+
+
+def remove_stale(target: Path) -> list[Path]:
+    """Remove the temporary folders that killed writers of `target` left beside it (their process has ended on
+    this host), first putting back a previous export moved aside by a kill where `target` is missing -> what was
+    removed or put back."""
+    try:
+        siblings = sorted(target.parent.iterdir(), key=lambda p: not p.name.endswith(".old"))  # .old ones first
+    except OSError:  # no parent yet, or one that cannot be listed (then mkdtemp's error will say so)
+        return []
+    pattern = re.compile(re.escape(f".{target.name}.") + r"([0-9]+@[A-Za-z0-9_-]+)\.(?:[a-z0-9_]+\.tmp|old)")
+    done = []
+    for path in siblings:
+        found = pattern.fullmatch(path.name)
+        if found is None or not path.is_dir() or not owner_gone(found.group(1)):
+            continue
+        if path.name.endswith(".old") and not target.exists():
+            try:
+                os.replace(path, target)  # the previous export, whole: the kill came between the two renames
+                done.append(path)
+                continue
+            except OSError:
+                pass
+        shutil.rmtree(path, ignore_errors=True)
+        done.append(path)
+    return done
 
 
 def _umask() -> int:

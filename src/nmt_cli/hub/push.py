@@ -8,17 +8,22 @@ and uploads that folder in one commit with `HfApi`.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_cli import __version__
 from nmt_cli.checkpoints import format as ckpt_io
+from nmt_cli.checkpoints.atomic import owner_gone, owner_tag
 from nmt_cli.errors import ConfigError, DownloadError
 from nmt_cli.hub import client as hubclient
 from nmt_cli.hub.pull import DEFAULT_FILE, PREFIX, REPO, is_hub_ref
 from nmt_cli.runtime import defaults
 
 CT2_FOLDER = "ctranslate2"
+_STAGING = "nmt-push-"  # the system's temporary folder holds nmt-push-PID@HOST.XXXX/ while a push stages and uploads
 
 
 def check_repo_id(repo_id: str) -> str:
@@ -72,6 +77,17 @@ def stage(ckpt: ckpt_io.Checkpoint, folder: Path, repo_id: str, card=None, ctran
                           ctranslate2), tags=(["marian"] if huggingface else []) + (["ctranslate2"] if ctranslate2 else []))
         (tmp / "README.md").write_text(text, encoding="utf-8")
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+def staging_folder() -> tempfile.TemporaryDirectory:
+    """The temporary folder a push stages the repository in (removed when the push ends), after removing those
+    that killed pushes left (their process has ended on this host; never a live push's)."""
+    pattern = re.compile(re.escape(_STAGING) + r"([0-9]+@[A-Za-z0-9_-]+)\.[a-z0-9_]+")
+    for path in Path(tempfile.gettempdir()).glob(_STAGING + "*"):
+        found = pattern.fullmatch(path.name)
+        if found and path.is_dir() and owner_gone(found.group(1)):
+            shutil.rmtree(path, ignore_errors=True)
+    return tempfile.TemporaryDirectory(prefix=f"{_STAGING}{owner_tag()}.")
 
 
 def repo_usage(repo_id: str, ckpt: ckpt_io.Checkpoint, huggingface: bool, ctranslate2: bool) -> str:

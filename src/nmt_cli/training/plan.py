@@ -273,7 +273,7 @@ def _check_resume(cfg: TrainConfig, out_dir: Path, model_config: ModelConfig,
     if cfg.resume is False:
         raise ConfigError(f"--no-resume: {out_dir} already holds a run ({LAST}), which nmt never overwrites; "
                           "pick another -o, remove that directory, or drop --no-resume to resume it")
-    ckpt = load(last, mmap=True)  # the configuration only: the weights and Adam's moments stay on disk
+    ckpt = load(last, mmap=True)  # the configuration only; mapped, so unchecked (the resume checks the CRC-32s)
     if ckpt.train_state is None:
         raise CheckpointError(f"{last} has no training state (an averaged or exported checkpoint?); "
                               "it cannot be resumed; pick another -o")
