@@ -159,7 +159,7 @@ def translate(hf: MarianMTModel, sources: list[list[int]], args: argparse.Namesp
 
 def check(ck: Checkpoint, hf: MarianMTModel, lines: list[str], args: argparse.Namespace) -> bool:
     """Teacher-forced logits and greedy outputs of the two models; beam agreement for information."""
-    from nmt_cli.decoding import SearchConfig, beam_search, greedy_search
+    from nmt_cli.decoding import SearchConfig, beam_search, search
 
     nmt: Transformer = ck.build_model("cpu")
     tok = ck.tokenizer_obj()
@@ -194,7 +194,7 @@ def check(ck: Checkpoint, hf: MarianMTModel, lines: list[str], args: argparse.Na
         cfg = SearchConfig(beam=beam, alpha=args.lenpen, lp="fairseq", max_len_a=args.max_len_a,
                            max_len_b=args.max_len_b)
         with torch.inference_mode():
-            mine = (greedy_search if beam == 1 else beam_search)(nmt, src, src_mask == 0, cfg)
+            mine = (search if beam == 1 else beam_search)(nmt, src, src_mask == 0, cfg)
         theirs = [hf_search(s, beam, stock_eos) for s in sources]
         agree[label] = sum(m[0].tokens == t for m, t in zip(mine, theirs, strict=True))
         lengths = ", ".join(str(len(t)) for t in theirs)

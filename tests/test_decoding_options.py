@@ -15,7 +15,7 @@ import torch
 from conftest import toy_pairs
 from helpers_translate import make_checkpoint
 from nmt_cli.config import EOS_ID, UNK_ID
-from nmt_cli.decoding import SearchConfig, greedy_search, sample_search, search
+from nmt_cli.decoding import SearchConfig, search
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.inference import alignment
 from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints, translate_stream
@@ -27,7 +27,7 @@ ONE_STEP = {(30, ()): FIRST}
 
 
 def _first_tokens(cfg: SearchConfig, n: int = 4000, seed: int = 0) -> Counter:
-    hyps = sample_search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(**{**cfg.__dict__, "nbest": n,
+    hyps = search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(**{**cfg.__dict__, "nbest": n,
                                                                               "seed": seed}))[0]
     assert len(hyps) == n
     return Counter(h.tokens[0] for h in hyps)
@@ -56,11 +56,11 @@ def test_top_k_top_p_and_temperature_reshape_the_distribution():
 
 
 def test_sampling_is_reproducible_with_a_seed_and_scores_are_the_models():
-    a = sample_search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=50, seed=7))[0]
-    b = sample_search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=50, seed=7))[0]
-    c = sample_search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=50, seed=8))[0]
+    a = search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=50, seed=7))[0]
+    b = search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=50, seed=7))[0]
+    c = search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=50, seed=8))[0]
     assert [h.tokens for h in a] == [h.tokens for h in b] != [h.tokens for h in c]
-    top = sample_search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=20, topk=1, seed=1))[0]
+    top = search(ScriptedModel(ONE_STEP), *_src(30), SearchConfig(sampling=True, nbest=20, topk=1, seed=1))[0]
     for h in top:  # the score is the unfiltered model's log-probability, whatever the sampling distribution
         assert h.tokens == [A] and h.log_prob == pytest.approx(math.log(0.5), abs=1e-6)
 
@@ -129,7 +129,7 @@ def test_a_forced_prefix_starts_every_output(run):
     # the forced tokens' log-probabilities count: the scripted model gives an unscripted prefix EOS with p 1
     assert out[0][0].log_prob == -math.inf or out[0][0].log_prob < 0
     with pytest.raises(ConfigError, match="one prefix per input line"):
-        greedy_search(ScriptedModel(EARLY_EOS), src, mask, SearchConfig(beam=1), [[C]])
+        search(ScriptedModel(EARLY_EOS), src, mask, SearchConfig(beam=1), [[C]])
 
 
 # ---- the Translator and the CLI ------------------------------------------------------------------------------------

@@ -16,10 +16,8 @@ from nmt_cli.decoding.scheduler import (
     beam_search,
     decode_batches,
     encode_batch,
-    greedy_search,
-    sample_search,
     search,
 )
 
 __all__ = ["JOIN_BELOW", "Hypothesis", "SearchConfig", "beam_search", "decode_batches", "encode_batch",
-           "greedy_search", "length_penalty", "max_output_lengths", "sample_search", "search"]
+           "length_penalty", "max_output_lengths", "search"]

@@ -1,48 +1,31 @@
 """The decoder cache: the interface the search uses (`Cache`), and its one implementation (`DecoderCache`).
 
-A `DecoderCache` holds one or more `Segment`s, in row order: one per batch that joined (continuous batching), each
-with its own positions and source. A segment keeps
-  - the self-attention keys and values of every decoder layer in one preallocated buffer `kv`
-    [L, 2, N, H, C, B, K]: sentence-major, and within a sentence one slot per beam (B = beams), each row writing
-    its new position into its own slot (by index from a [1] tensor in the static layout, so a step never reads a
-    Python int to know where);
-  - beam search's slot table `slots` [R, C]: for each row and position, the slot that holds the keys and values of
-    the row's ancestor there. A beam reorder moves only this table (R x C integers), never the keys and values:
-    a row attends over all B slots of its sentence (its beams fold into the query dimension, as in encoder-decoder
-    attention), the slots that are not its ancestor's masked (`self_mask`). The products read the same memory as
-    a row-by-row attention over gathered keys would, with no gather, so it costs less time than gather plus
-    attention and gives the same output (docs/results-history.md#the-decoder-cache-slot-tables-merging-copies); on a GPU a CUDA graph's reorder copies the table, not the cache.
-    Greedy search and sampling (one row a sentence) have one slot and no table;
-  - the encoder-decoder keys and values `cross` [L, 2, N, H, S, K], computed once per sentence and shared by its
-    `beams` consecutive rows (R = N x beams, sentence-major; attention folds the beams into the query dimension);
-  - the source padding mask, laid out once as [N x H, 1, S] for attention.
+A `DecoderCache` holds `Segment`s in row order, each with its own positions and source. A segment keeps
+  - every decoder layer's self-attention keys and values in one buffer `kv` [L, 2, N, H, C, B, K]: sentence-major,
+    one slot per beam (B), each row writing its new position into its own slot;
+  - beam search's slot table `slots` [R, C]: for each row and position, the slot holding its ancestor's keys and
+    values. A beam reorder moves only this table, never the keys and values: a row attends over all B slots of its
+    sentence (the beams fold into the query dimension), the slots not its ancestor's masked (`self_mask`), which
+    reads the same memory as attention over gathered keys, without the gather
+    (docs/results-history.md#the-decoder-cache-slot-tables-merging-copies). One row a sentence: no table;
+  - the encoder-decoder keys and values `cross` [L, 2, N, H, S, K], once per sentence, and the source padding mask
+    laid out once as [N x H, 1, S].
 
-One layout: the capacity C comes from a few buckets (16, 32, 64, ...; new buffers, the filled positions copied, when
-one runs out), read in one of two ways:
-  - exact (CPU eager, the default): attention reads the `length + 1` filled positions, a slice of the buffer (each
-    sentence's window one contiguous block); a step writes its position by a slice. Shapes change every step, which
-    costs nothing in eager mode.
-  - static (`static=True`: torch.compile and CUDA graphs): attention reads all C positions with the unfilled ones
-    masked, a step writes its position by index from a device tensor, a beam reorder copies the slot table in place
-    (every buffer keeps its address), and a step's shapes change only when a bucket does.
-The host side (`make_room`, `advance`) runs around the step; the step itself (decoding/step.py) reads only tensors
-and bucket-level ints.
+One layout: the capacity C comes from buckets (16, 32, 64, ...; new buffers, the filled positions copied, when one
+runs out), read in one of two ways. Exact (CPU eager, the default): attention reads the `length + 1` filled
+positions, a slice; a step writes by a slice. Static (`static=True`: torch.compile, CUDA graphs): attention reads
+all C positions, the unfilled ones masked; a step writes by index from the device tensor `pos`; a beam reorder
+copies the slot table in place, so every buffer keeps its address and shapes change only with the bucket.
+`make_room` and `advance` are the host's part around a step (decoding/step.py), which reads only tensors.
 
-Joined batches merge: a batch that joins becomes part of the segment before it (`DecoderCache.merge`) when their
-lengths differ by at most MERGE_GAP positions, so the columns its rows attend to in vain are few: a server's
-requests, a few sentences every step or two, share one segment per few steps of age (a step runs attention once per
-layer per segment), and no row reads much more than its own positions. A batch merges as it joins, before its first
-step (`join`); one that does not keeps a segment of its own. The merged rows are right-aligned: every row's newest position is the same buffer column, and a sentence that has decoded fewer positions starts later,
-`offsets[n]` columns in (zeros there, masked). Sources are padded to the longest. When the sentences that started
-first leave, the columns no row reads any more are dropped.
-
-Sentences that leave do not move the others' keys and values: the sentences past the kept count fill the holes
-(`order`), so only they are copied, and the views shrink. (The encoder-decoder sources stay as many: reading only as
-many as the kept sentences have changes the sums of attention, and with them 3 of 4000 n-best lines.) A merge writes
-the joining sentences after the running ones, into room left in the same buffers (made with half as many sentences
-again to spare; sources rounded up to CROSS_SOURCES). In a server, where a few sentences leave and join every step
-or two, copying every running sentence's keys and values instead would cost a share of the decoding thread worth
-saving.
+Joins merge (continuous batching): a joining batch becomes part of the newest segment when their lengths differ by
+at most MERGE_GAP positions, else a segment of its own; a step runs attention once per layer per segment, and a
+server's small joins would otherwise pile up segments (docs/results.md#cpu-decoding-mechanisms). Merged rows are
+right-aligned: every row's newest position is the same column, and a later starter reads from `offsets[n]` on
+(zeros before, masked); sources are padded to the longest. Columns no row reads any more are dropped when the
+first starters leave. Sentences that leave do not move the others: those past the kept count fill the holes
+(`order`), and joins write into room left in the same buffers (half as many sentences again to spare; sources
+rounded up to CROSS_SOURCES), so a server's step copies only the few sentences that come and go.
 """
 
 from __future__ import annotations
@@ -55,9 +38,8 @@ from torch import Tensor
 from nmt_cli.decoding.config import index_on, layout_key
 
 BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-# A joining batch merges when its length is within MERGE_GAP positions of the running segment's (merged, its rows
-# attend over the older rows' columns, masked, for as long as those run). Small gaps measured alike and merging
-# everything into one segment was slower: docs/results-history.md#the-decoder-cache-slot-tables-merging-copies.
+# A join merges within MERGE_GAP positions of the newest segment (its rows attend over older rows' columns, masked,
+# while those run); merging everything was slower: docs/results-history.md#the-decoder-cache-slot-tables-merging-copies.
 MERGE_GAP = 4
 CROSS_SOURCES = 16  # a merged segment's room for sources: their count rounded up to a multiple of this
 
@@ -69,32 +51,27 @@ class Cache(Protocol):
         """Decoder rows (sentences x beams, over all segments)."""
 
     def reorder(self, rows: Tensor, keep: list[int] | None = None) -> None:
-        """The new rows are old rows `rows` [R']. `keep` None: every row keeps its sentence (beams move within their
-        sentences). Else the sentences kept (indices over all segments, in the order of `order`), `rows`
-        sentence-major over them, `beams` rows each."""
+        """The new rows are old rows `rows` [R']. `keep`: None (beams move within their sentences), or the sentences
+        kept (over all segments, in the order of `order`), `rows` sentence-major over them."""
 
     def repeat_beams(self, k: int) -> None:
         """Before the first step of a cache's sentences: k rows a sentence (beams or samples) instead of one."""
 
     def join(self, other: Cache) -> Cache:
-        """This cache's rows, then `other`'s (not stepped yet), decoded as one batch from the next step on (merged
-        into the running rows' buffers where the rule allows); returns the joined cache (this one)."""
+        """This cache's rows, then `other`'s (not stepped yet), decoded as one batch from the next step on; returns
+        the joined cache (this one)."""
 
     def order(self, keep: list[int]) -> list[int]:
-        """The sentences `keep` (ascending) in the order they take when the others leave (a permutation of it: the
-        one that moves the least; `reorder`'s `keep` is then in this order)."""
+        """The sentences `keep` (ascending) in the order that moves the least when the others leave."""
 
     def make_room(self, max_positions: int) -> None:
-        """Room for one more position in every segment (a larger bucket when one is full: new buffers); a
-        ValueError past `max_positions`. The model's step calls it first (and the graphed step's caller, outside
-        the recording)."""
+        """Room for one more position in every segment (a ValueError past `max_positions`), before a step."""
 
     def advance(self, host: bool = True, device: bool = True) -> None:
         """One more position decoded: the host's count and/or the device's (a graph replays only the device's)."""
 
     def key(self) -> tuple:
-        """Ints that change whenever a buffer a step reads or writes changes address, shape or strides (a recorded
-        CUDA graph is replayed only under the same key: graphs.py)."""
+        """Ints that change whenever a buffer a step reads or writes changes address, shape or strides (graphs.py)."""
 
 
 class Segment:
@@ -266,8 +243,8 @@ class Segment:
             self.pos -= drop
 
     def merge(self, other: Segment) -> None:
-        """Take `other`'s rows after this one's, right-aligned (see the module docstring). This one has taken a step
-        (its buffers exist), `other` too or none at all, and both have as many beams a sentence."""
+        """Take `other`'s rows after this one's, right-aligned (module docstring). This one has taken a step, `other`
+        too or none; both have as many beams a sentence."""
         length = max(self.length, other.length)
         shifts = (length - self.length, length - other.length)
         offsets = [o + shifts[0] for o in self.offsets or [0] * self.sentences]

@@ -1,27 +1,13 @@
-"""CUDA graphs of the whole decoding step (GPU): the scheduler's `decode_step` (the model's static step,
-log-softmax, the constraints, the search's `select` and `advance` and the cache's beam moves), recorded once and
-then replayed as one launch.
+"""CUDA graphs of the whole decoding step (the scheduler's `decode_step`), recorded once and replayed as one launch:
+a step of a 6-layer model is some 300 small kernels, and launched one by one the host sets the pace
+(docs/results-history.md#cuda-graphs-of-the-decoding-step).
 
-Why: a step of a 6-layer model is some 300 small kernels. Launched one by one from Python, the host sets the pace
-and the GPU waits (docs/results-history.md#cuda-graphs-of-the-decoding-step). A graph replays them all for the cost of one launch.
-
-What makes a step replayable:
-  - The step reads no host value that changes from step to step: the step number `t` is a [1] device tensor in a
-    graph (filled before each replay), the cache's positions are device tensors (static layout, cache.py), and the
-    steps where the host decides something (forced prefixes, the maximum length, repeated n-grams, sampling's
-    generator) run eagerly (`graphable`).
-  - The steps read and write the same memory: the tensors the search would replace (`state.tokens = ...`,
-    finalize's `torch.where`) are copied back into the ones the step began with (`in_place`), and the static cache's beam
-    reorder copies its slot tables in place (the keys and values do not move: cache.py). A graph is keyed by the
-    address, shape and strides of every tensor of the state and the cache (`step_key`: ints they keep) and by the search's
-    settings, and replayed only where all of them are the same; a new key (the capacity grew to its next bucket,
-    sentences left or joined) records a new graph, from its first step.
-  - Sentences leave at the scheduler's host checks (every GPU_CHECK_EVERY steps), after the step, as on every
-    path: a step always advances every row (scheduler.py).
-
-Graphs share one memory pool (their temporaries never live at the same time) and the least recently used are
-dropped past GRAPH_LIMIT. On a CPU the same object runs the step eagerly with `t` as a tensor (`replay=False`),
-which is how the tests check the graph's arithmetic without a GPU.
+A step is replayable when it reads no host value that changes from step to step (`t` is a [1] device tensor, the
+cache's position too; the steps where the host decides something run eagerly: `graphable`) and reads and writes
+the same memory (`in_place`; the static cache reorders its slot tables in place). A graph is keyed by the
+addresses, shapes and strides of the state's and the cache's tensors and by the search's settings (`step_key`); a
+new key records a new graph. Graphs share one memory pool; the least recently used go past GRAPH_LIMIT. On a CPU the
+same object runs the step eagerly with `t` as a tensor (`replay=False`): how tests check a graph's arithmetic.
 """
 
 from __future__ import annotations

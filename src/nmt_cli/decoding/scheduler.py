@@ -1,21 +1,13 @@
 """The one decoding loop: batches in, hypotheses out, for every search (beam, greedy, sampling), ensemble and device.
 
-Per step: the model's step (`model.step(last tokens, cache) -> logits`, one position per row) -> log-softmax ->
-the constraints -> the search's `select` (choose and record, tensor operations only). The host looks at which
-sentences are done only every `check_every` steps (and when every sentence must be): then done sentences leave the
-batch (their hypotheses read once, their rows dropped from the cache by the same gather that follows the beams), and
-the next batch may join.
+A step (`decode_step`): the model's step over the cache -> log-softmax -> the constraints -> the search's `select`
+and `advance` (tensor operations only). Every `check_every` steps the host reads which sentences are done: they
+leave (hypotheses read once, rows dropped from the state and the cache), and the next batch may join.
 
 Continuous batching: once the running batch is down to `join_below` x the next batch's sentences, the next batch
-joins it instead of waiting. Its sentences count steps, positions and maximum lengths from the step they joined at,
-and their cache is a segment of its own (cache.py), so attention sees exactly their positions and source; the rest
-of a step (projections, feed-forward layers, output layer, log-softmax, search) runs once over all rows. The last,
-few-row steps of every batch, which cost nearly a full step each on CPU, are shared with the next batch's first.
-As at a batch's first step, a joined sentence's first step decodes one row, which then becomes `per` rows.
-
-A server (nmt_cli/serve) feeds the loop live instead of from an iterable: a `Feed` answers at each host check
-whether new work joins now (`poll`, never blocking), and is waited on only when nothing is running (`wait`); with
-`on_done`, each sentence's hypotheses go out the moment it finishes instead of at the end.
+joins it (a cache segment of its own, steps counted from the step it joined at), so the last few-row steps of a
+batch are shared with the next one's first. A server feeds the loop live (`Feed`): new work joins at a host check,
+and `on_done` reports each sentence as it finishes.
 """
 
 from __future__ import annotations
@@ -87,20 +79,13 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     """Search every batch -> per batch, per sentence, its hypotheses (best first; samples in the order drawn).
 
     `prefixes`: per batch, the target token ids each output must start with (one list per sentence), or None.
-    `join_below` 0 runs the batches one after the other. `check_every`: steps between host checks (default: every
-    step on CPU, GPU_CHECK_EVERY on a GPU, where each check waits for the device). `static`: static caches (cache.py), for compiled steps;
-    then done sentences leave only once at most half of a batch is left, so a step's row count halves at most
-    log2(batch) times.
-    `search`: the algorithm (default `algorithm(cfg, generator)`).
-    `feed`: batches from a live Feed instead of `batches` (which is then ignored): its batch joins the running one
-    whenever `poll` gives one (`join_below` does not apply), the sentences it abandons leave at the next check, and
-    decoding ends when `wait` gives None.
-    `on_done(sentence, hypotheses)`: called as each sentence finishes, with its hypotheses as the result would hold
-    them; then nothing is kept and the result is []. Without `feed` and `on_done`, behaviour and speed are as before.
-    `stop()`: asked at each host check; True ends the decoding there by raising Stopped (streams.py: an interrupted
-    caller's threads).
-    `graphs`: run the steps that allow it as CUDA graphs (graphs.py; needs `static`; not with `feed`): then the
-    finished sentences leave after their step, at the host check, instead of within it."""
+    `join_below` 0 runs the batches one after the other. `check_every`: steps between host checks (default 1 on
+    CPU, GPU_CHECK_EVERY on a GPU, where a check waits for the device). `static`: static caches (compiled steps,
+    graphs); done sentences then leave only once at most half the batch is left (few shapes). `search`: the
+    algorithm (default `algorithm(cfg, generator)`). `feed`: a live Feed instead of `batches`; its batches join
+    whenever `poll` gives one, and decoding ends when `wait` gives None. `on_done(sentence, hypotheses)`: called as
+    each sentence finishes (the result is then []). `stop()`: asked at each host check; True raises Stopped.
+    `graphs`: the steps that allow it as CUDA graphs (graphs.py; needs `static`, no `feed`)."""
     cfg = cfg.validate()
     if graphs is not None and (feed is not None or not static):
         raise ValueError("graphs need static caches and batches given up front (no feed)")
@@ -143,7 +128,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             if state is None:
                 cache, t = new, 0
                 state = SearchState(per, n, max_len, prefix, started, src.device, search.beam)
-            else:  # join the running batch at step t (> 0): its cache merges into the running one where it may
+            else:  # join the running batch at step t (> 0)
                 cache = cache.join(new)
                 state.join(n, max_len, prefix, t, started)
             started += n
@@ -263,23 +248,3 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConf
     """Batched beam search (also with beam 1) -> per sentence, the `cfg.nbest` best hypotheses, best first."""
     cfg = (cfg or SearchConfig()).validate()
     return decode_batches(model, [(src, src_pad_mask)], cfg, [prefix], search=BeamSearch(cfg))[0]
-
-
-def greedy_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig | None = None,
-                  prefix: list[list[int]] | None = None) -> list[list[Hypothesis]]:
-    """The most probable token at each step -> one Hypothesis per sentence (as a 1-list)."""
-    cfg = cfg or SearchConfig(beam=1)
-    return search(model, src, src_pad_mask, SearchConfig(**{**cfg.__dict__, "beam": 1, "nbest": 1,
-                                                             "sampling": False}), prefix)
-
-
-def sample_search(model, src: Tensor, src_pad_mask: Tensor | None, cfg: SearchConfig,
-                  prefix: list[list[int]] | None = None, generator: torch.Generator | None = None,
-                  ) -> list[list[Hypothesis]]:
-    """Draw `cfg.nbest` samples per sentence (in the order drawn, not ranked) from the temperature / top-k / top-p
-    distribution under the constraints. A hypothesis' log_prob and score are the model's own (temperature 1,
-    unfiltered) log-probabilities of the sampled tokens, length-penalised as in beam search."""
-    cfg.validate()
-    if not cfg.sampling:
-        raise ValueError("sample_search needs cfg.sampling")
-    return search(model, src, src_pad_mask, cfg, prefix, generator)

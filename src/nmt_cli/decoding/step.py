@@ -1,13 +1,9 @@
 """The decoding step: one new position per row of a Transformer, against the decoder cache (cache.py).
 
-The model (model.py) exposes its parts: the target embedding and positions, each decoder layer's projections,
-sublayers (residual and norm) and feed-forward, the final norm and the output projection. Everything that reads the
-cache's layout is here, next to it: the attention over each segment's keys and values, a row's position, the masks.
-The step shares the sublayers' arithmetic with `Transformer.decode` and differs only in its attention.
-
-`step` is the host's part (room in the cache, the position limit, the lengths) around `static_step`, the step proper:
-it reads tensors and bucket-level ints only, with no host sync, so that `torch.compile(fullgraph=True)` traces it
-whole and a CUDA graph can capture it (graphs.py).
+The model gives its parts (embedding, positions, each layer's projections, sublayers and feed-forward, the output);
+everything that reads the cache's layout is here: the attention over each segment, the positions, the masks.
+`step` is the host's part (room in the cache, the lengths) around `static_step`, which reads tensors and bucket-level
+ints only, so that `torch.compile(fullgraph=True)` traces it whole and a CUDA graph can capture it.
 """
 
 from __future__ import annotations
@@ -147,13 +143,9 @@ def attention_weights(q: Tensor, k: Tensor, pad: Tensor | None = None) -> Tensor
 
 def attend(q: Tensor, k: Tensor, v: Tensor, pad: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """softmax(q k^T / sqrt(K) + mask) v on batches flattened to 3-D (batch x heads), q [B, Tq, K], k/v [B, S, K]
-    (any strides with a unit last dimension: the cache's slices are used in place), pad as `attention_weights` ->
-    [B, Tq, K] in q's dtype, computed in k's (float32 on CPU, whatever the model's); written into `out` [B, Tq, K]
-    (contiguous) when given.
-    scaled_dot_product_attention's CPU kernels are built for long queries: for Tq ~ 1 the flash kernel spends a
-    third of decoding time in per-block overhead and the math kernel copies q, k and v to float32 first; and the
-    CPU's bf16 batched products over strided cache slices are slower than float32 ones. With SDPA_DECODING it goes
-    through SDPA all the same (4-D, as its fused kernels want)."""
+    (strided cache slices used in place), pad as `attention_weights` -> [B, Tq, K] in q's dtype, computed in k's
+    (float32 on CPU); written into `out` when given. Not SDPA on CPU: its kernels are built for long queries (for
+    Tq ~ 1 the flash kernel's per-block overhead dominates, the math kernel copies q, k, v to float32 first)."""
     if SDPA_DECODING:
         groups = 1 if pad is None or pad.dim() == 3 else pad.size(0)  # [1 or N, B / N, ...] as SDPA's 4-D
         mask = None if pad is None else ~(pad.unsqueeze(0) if pad.dim() == 3 else pad)  # True = attend

@@ -1,23 +1,11 @@
 """Several decoding streams over one input's batches, each on a thread of its own (CPU), as CTranslate2's
-`inter_threads`.
+`inter_threads` (`nmt translate --workers N`; one stream is the default).
 
-A decoding step is many small operations: PyTorch splits each over its intra-op threads and waits for the slowest,
-and the step's Python, log-softmax, beam selection and cache gathers run mostly on one of them. Two streams with
-one thread each keep both cores busy instead. PyTorch's operations release the GIL, so the streams overlap all but
-their Python.
-
-The caller says which stream decodes each batch (translate.stream_batches deals the sentences out by length, so
-that the streams get equal work and end together), and each stream runs `decode_batches` over its own, continuous
-batching included. The assignment depends only on the input, never on timing, so the same input gives the same
-output every run. A stream's rows share steps with other batches than with one stream, which changes scores in
-their last digits (float sums over other padded lengths), as any change of batching does; on 1000 Multi30k lines
-the texts were the same.
-
-One stream is the default (`nmt translate --workers N` asks for more). On a quiet 2-core machine two streams of
-one thread were as fast as one stream of two threads (1.01x for the small Multi30k model) at 1.4x the peak memory:
-each stream holds a working set of its own. Beside a busy neighbour two streams are several times faster, because a
-stream of two intra-op threads waits at every operation for its slowest thread. The figures:
-docs/results.md#cpu-decoding-mechanisms.
+A step is many small operations; one stream of two intra-op threads waits at each for the slower thread, which a
+busy neighbour makes far slower, while two streams of one thread keep both cores busy (PyTorch releases the GIL),
+at the memory of a second working set (docs/results.md#cpu-decoding-mechanisms). The caller deals batches to
+streams from the input alone (translate.stream_batches), never from timing, so the same input gives the same output
+on every run.
 """
 
 from __future__ import annotations
