@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from torch import nn
 
 from helpers_translate import make_checkpoint, tiny_config, tiny_model_and_batch
 from nmt_cli.decoding import SearchConfig
-from nmt_cli.errors import DeviceError
+from nmt_cli.errors import ConfigError, DeviceError
 from nmt_cli.inference import int8 as int8_module
 from nmt_cli.inference.int8 import Int8Linear, quantize_int8
 from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
@@ -83,3 +84,62 @@ def test_int8_linear_fuses_relu():
         fused = Int8Linear(dense.weight, dense.bias, relu=True)(x)
         assert fused.min() == 0.0
         torch.testing.assert_close(fused, torch.relu(Int8Linear(dense.weight, dense.bias)(x)))
+
+
+needs_onednn = pytest.mark.skipif("onednn" not in torch.backends.quantized.supported_engines,
+                                  reason="this torch build has no oneDNN quantized engine")
+
+
+@needs_onednn
+@pytest.mark.parametrize("relu", [False, True])
+def test_onednn_int8_linear_matches_float_linear_with_8_bit_activations(relu):
+    torch.manual_seed(4)
+    dense = nn.Linear(64, 300)
+    with torch.inference_mode():
+        x = torch.randn(21, 64)
+        ref = torch.relu(dense(x)) if relu else dense(x)
+        onednn = Int8Linear(dense.weight, dense.bias, relu=relu, engine="onednn")
+        fbgemm = Int8Linear(dense.weight, dense.bias, relu=relu)
+        got = onednn(x)
+        assert not onednn.reduce_range and torch.backends.quantized.engine != "onednn"  # (the engine put back)
+        assert relative_error(got, ref) < min(0.02, relative_error(fbgemm(x), ref))  # 8-bit activations, not 7
+        if relu:  # applied after oneDNN's product, which would ignore a fused one
+            assert got.min() == 0.0
+        assert onednn(x.view(3, 7, 64)).shape == (3, 7, 300)
+
+
+def test_the_output_projections_engine_follows_the_cpu_and_the_environment(monkeypatch):
+    monkeypatch.delenv(int8_module.ENV, raising=False)
+    monkeypatch.setattr(int8_module, "cpu_flags", lambda: {"avx512f", "amx_tile", "amx_int8"})
+    amx = int8_module.output_engine()
+    assert amx == ("onednn" if "onednn" in torch.backends.quantized.supported_engines else "fbgemm")
+    monkeypatch.setattr(int8_module, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
+    assert int8_module.output_engine() == "fbgemm"
+    monkeypatch.setenv(int8_module.ENV, "onednn")
+    assert int8_module.output_engine() == "onednn"
+    monkeypatch.setenv(int8_module.ENV, "mkl")
+    with pytest.raises(ConfigError, match="NMT_INT8_GEMM='mkl': choose fbgemm or onednn"):
+        int8_module.output_engine()
+
+
+@needs_onednn
+@pytest.mark.parametrize("engine", ["fbgemm", "onednn"])
+def test_a_quantized_model_has_the_chosen_output_projection_and_the_float_distribution(engine, monkeypatch):
+    monkeypatch.setenv(int8_module.ENV, engine)
+    model, src, tgt = tiny_model_and_batch(True)
+    with torch.inference_mode():
+        reference = model(src, tgt).log_softmax(-1)
+        quantize_int8(model)
+        got = model(src, tgt).log_softmax(-1)
+    assert model.output_layer.reduce_range == (engine == "fbgemm")
+    assert all(m.reduce_range for m in model.modules() if isinstance(m, Int8Linear) and m is not model.output_layer)
+    assert relative_error(got.exp(), reference.exp()) < 0.05
+
+
+def test_a_bad_int8_engine_is_one_line_from_the_cli(tmp_path, toy_tokenizer_bytes):
+    path = make_checkpoint(tmp_path / "model.pt", toy_tokenizer_bytes, seed=0)
+    run = subprocess.run([sys.executable, "-m", "nmt_cli.cli", "translate", "-m", str(path), "--precision", "int8"],
+                         input=b"the cat\n", capture_output=True, timeout=120, env={**os.environ, "NMT_INT8_GEMM": "x"})
+    assert run.returncode != 0
+    lines = run.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: NMT_INT8_GEMM='x': choose fbgemm or onednn"), lines

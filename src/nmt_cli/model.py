@@ -114,10 +114,11 @@ class FeedForward(nn.Module):
         return self.fc2.forward(self.dropout(h) if self.training else h)
 
 
-def replace_linears(model: nn.Module, layer) -> nn.Module:
+def replace_linears(model: nn.Module, layer, output=None) -> nn.Module:
     """Inference-only products (int8.py, packed.py): replace every nn.Linear of `model` by `layer(weight, bias)`,
     with the feed-forward ReLU fused into the first as `layer(weight, bias, relu=True)`, and give it such an output
-    projection (`model.output_layer`, from the shared embedding or `out_proj`). In place; returns the model."""
+    projection (`model.output_layer`, from the shared embedding or `out_proj`; made by `output` where given). In
+    place; returns the model."""
     untied = getattr(model, "out_proj", None)
     output_weight = untied.weight if untied is not None else model.embed.weight
     with torch.no_grad():
@@ -127,7 +128,7 @@ def replace_linears(model: nn.Module, layer) -> nn.Module:
             for name, child in list(module.named_children()):
                 if type(child) is nn.Linear:
                     setattr(module, name, layer(child.weight, child.bias))
-        model.output_layer = layer(output_weight, model.output_bias)
+        model.output_layer = (output or layer)(output_weight, model.output_bias)
     return model
 
 

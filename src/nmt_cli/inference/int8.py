@@ -6,6 +6,12 @@ layer norms, softmax and the search stay float32. The products are FBGEMM's, thr
 (`quantized::linear_prepack`, `quantized::linear_dynamic`). Activations use 7 bits (`reduce_range`): CPUs without
 VNNI multiply-add unsigned x signed bytes into saturating 16-bit sums, and 7 bits keep those sums exact.
 
+On CPUs with AMX's int8 tiles the output projection (the widest product) is oneDNN's instead, through torch's
+`onednn` quantized engine, with 8-bit activations: FBGEMM's is slow at a vocabulary's width there (it fills an int32
+buffer as large as the logits), oneDNN's 2-7x faster (bench/tools/int8_engines.py); the narrower layers stay
+FBGEMM's, as fast or faster at a step's few rows. `NMT_INT8_GEMM=fbgemm` or `onednn` chooses for the output
+projection on any CPU.
+
 Why: at a decoding step's shapes int8 products are faster than float32 ones (docs/results-history.md#int8-products).
 
 This is an inference-only transformation: an int8 model is never trained or saved.
@@ -13,13 +19,18 @@ This is an inference-only transformation: an int8 model is never trained or save
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 
 import torch
 from torch import Tensor, nn
 
-from nmt_cli.errors import DeviceError
+from nmt_cli.errors import ConfigError, DeviceError
 from nmt_cli.model import replace_linears
+from nmt_cli.runtime.precision import cpu_flags
+
+ENV = "NMT_INT8_GEMM"  # fbgemm or onednn: whose product the output projection is (`output_engine`)
 
 
 def int8_available() -> bool:
@@ -31,11 +42,23 @@ def int8_available() -> bool:
         return False
 
 
-class Int8Linear(nn.Module):
-    """y = x W^T + b with W in int8 (per-row scales) and x quantized to 7-bit unsigned integers on each call;
-    `relu`: max(0, y) in the same pass."""
+def output_engine() -> str:
+    """Whose int8 product the output projection is: oneDNN's on CPUs with AMX's int8 tiles, FBGEMM's elsewhere
+    (module docstring); NMT_INT8_GEMM chooses."""
+    choice = os.environ.get(ENV, "").strip().lower()
+    if choice not in ("", "fbgemm", "onednn"):
+        raise ConfigError(f"{ENV}={choice!r}: choose fbgemm or onednn (or leave it unset)")
+    if choice:
+        return choice
+    return "onednn" if "amx_int8" in cpu_flags() and "onednn" in torch.backends.quantized.supported_engines else "fbgemm"
 
-    def __init__(self, weight: Tensor, bias: Tensor | None = None, relu: bool = False):
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W in int8 (per-row scales) and x quantized on each call to unsigned integers of 7 bits
+    (FBGEMM) or 8 (`engine="onednn"`); `relu`: max(0, y), in the same pass with FBGEMM."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None = None, relu: bool = False, engine: str = "fbgemm"):
+        """`engine`: "fbgemm" (torch's default quantized engine on x86, which packs for FBGEMM) or "onednn"."""
         super().__init__()
         self.relu = relu
         weight = weight.detach().float().cpu()
@@ -46,20 +69,32 @@ class Int8Linear(nn.Module):
             warnings.simplefilter("ignore")
             qweight = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
         bias = None if bias is None else bias.detach().float().cpu()
-        self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        before = torch.backends.quantized.engine
+        if engine == "onednn":
+            torch.backends.quantized.engine = engine  # (prepack packs for the current engine)
+        try:
+            self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
+        finally:
+            torch.backends.quantized.engine = before
+        self.reduce_range = engine == "fbgemm"  # 7-bit activations (module docstring)
+        self.relu_after = relu and engine != "fbgemm"  # (oneDNN's dynamic product ignores a fused ReLU)
         # the resolved overload's C++ function: the op packet, and the overload itself, check their arguments in
         # Python first, on every call
-        overload = (torch.ops.quantized.linear_relu_dynamic if relu else torch.ops.quantized.linear_dynamic).default
+        overload = (torch.ops.quantized.linear_relu_dynamic if relu and not self.relu_after
+                    else torch.ops.quantized.linear_dynamic).default
         self._op = getattr(overload, "_op", overload)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 2 and x.dtype == torch.float32:  # a decoding step's rows: no reshape to pay for
-            return self._op(x, self._packed, True)
-        y = self._op(x.reshape(-1, self.in_features).float().contiguous(), self._packed, True)  # True: 7-bit inputs
-        return y.view(*x.shape[:-1], self.out_features)
+            y = self._op(x, self._packed, self.reduce_range)
+        else:
+            y = self._op(x.reshape(-1, self.in_features).float().contiguous(), self._packed, self.reduce_range)
+            y = y.view(*x.shape[:-1], self.out_features)
+        return y.relu_() if self.relu_after else y
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8" + (", relu" if self.relu else "")
+        return (f"in_features={self.in_features}, out_features={self.out_features}, int8"
+                + ("" if self.reduce_range else ", onednn") + (", relu" if self.relu else ""))
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
@@ -70,4 +105,10 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         raise DeviceError("--precision int8 needs a torch build with FBGEMM (x86 CPUs); use --precision fp32")
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise DeviceError("--precision int8 is for CPUs; on a GPU use --precision fp16 or bf16")
-    return replace_linears(model, Int8Linear)
+    output = None
+    if output_engine() == "onednn":
+        from nmt_cli.inference.packed import bound_caches
+
+        bound_caches()  # oneDNN's caches of prepared products, bounded as for its float32 products
+        output = functools.partial(Int8Linear, engine="onednn")
+    return replace_linears(model, Int8Linear, output)
