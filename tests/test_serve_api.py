@@ -275,6 +275,59 @@ def test_files_translation_can_be_disabled(ckpt):
         assert s.stop() == 0, "".join(s.log)
 
 
+def test_req_limit_answers_429_per_client_as_libretranslate_and_the_page_can_be_off(ckpt, tmp_path):
+    """--req-limit N: N requests a minute per client (its API key, else its address), each text of q one, then 429
+    with LibreTranslate's text and Retry-After; /languages, /health and /frontend/settings are not counted.
+    --disable-web-ui: / and its files are a 404, the API answers."""
+    keys = tmp_path / "keys.txt"
+    keys.write_text("key-a\nkey-b\n")
+    s = Server("-m", str(ckpt), "--langs", "en-de", "--no-engine-process", "--req-limit", "3", "--api-keys",
+               str(keys), "--disable-web-ui")
+    try:
+        def translate(q, key):
+            return httpx.post(s.url + "/translate", json={"q": q, "source": "en", "target": "de", "api_key": key},
+                              timeout=60)
+
+        assert translate(["a cat", "a dog"], "key-a").status_code == 200  # counts 2
+        assert translate("a cat", "key-a").status_code == 200
+        r = translate("a cat", "key-a")
+        assert error_of(r, 429).startswith("Slowdown: 3 per 1 minute (this server's --req-limit")
+        assert 1 <= int(r.headers["Retry-After"]) <= 60
+        assert error_of(httpx.post(s.url + "/detect", json={"q": "a cat", "api_key": "key-a"}), 429)
+        assert translate("a cat", "key-b").status_code == 200  # another client: its own minute
+        assert translate(["a", "b", "c", "d"], "key-b").status_code == 429  # over what is left, not counted
+        assert translate(["a", "b"], "key-b").status_code == 200
+        for path in ("/languages", "/health", "/frontend/settings"):
+            assert httpx.get(s.url + path).status_code == 200
+        # no key: the client's address, from X-Forwarded-For where a local proxy sends it (uvicorn trusts 127.0.0.1)
+        body = {"q": "a cat", "source": "en", "target": "de"}
+        for _ in range(3):  # refused for the missing key, and counted
+            assert error_of(httpx.post(s.url + "/translate", json=body, headers={"X-Forwarded-For": "10.0.0.1"}), 403)
+        assert error_of(httpx.post(s.url + "/translate", json=body, headers={"X-Forwarded-For": "10.0.0.1"}), 429)
+        assert error_of(httpx.post(s.url + "/translate", json=body, headers={"X-Forwarded-For": "10.0.0.2"}), 403)
+        assert "--disable-web-ui" in error_of(httpx.get(s.url + "/"), 404)
+        assert error_of(httpx.get(s.url + "/static/app.js"), 404)
+    finally:
+        assert s.stop() == 0, "".join(s.log)
+
+
+def test_the_rate_limiter_is_a_moving_window_per_client():
+    from nmt_cli.serve.ratelimit import RateLimiter
+
+    now = [1000.0]
+    limiter = RateLimiter(3, clock=lambda: now[0])
+    assert limiter.take("a", 2) is None
+    now[0] += 20
+    assert limiter.take("a") is None
+    assert limiter.take("a") == pytest.approx(40.0)  # the first 2 leave the window at 1060
+    assert limiter.take("b", 3) is None and limiter.take("a", 4) == 60.0  # over the limit alone
+    now[0] += 40
+    assert limiter.take("a", 2) is None  # 1060: the first spending has left
+    assert limiter.take("a") == pytest.approx(20.0)
+    now[0] += 61
+    assert limiter.take("a", 3) is None
+
+
 # ------------------------------------------------------------------------------- /suggest
 
 

@@ -85,6 +85,13 @@ def register(app: typer.Typer) -> None:
             False, "--disable-files-translation", rich_help_panel=_SERVER,
             help="Refuse POST /translate_file (403), as LibreTranslate's option of that name.",
         ),
+        req_limit: int = typer.Option(
+            None, "--req-limit", min=1, metavar="N", rich_help_panel=_SERVER, show_default="none",
+            help="Requests a minute per client (its API key, else its address), each text of q one request, as "
+                 "LibreTranslate's option: 429 with Retry-After above.",
+        ),
+        disable_web_ui: bool = typer.Option(False, "--disable-web-ui", rich_help_panel=_SERVER,
+                                            help="No web page at / (404), as LibreTranslate's option."),
         access_log: bool = typer.Option(False, "--access-log", rich_help_panel=_SERVER,
                                         help="Log every request on stderr."),
         engine_process: bool = typer.Option(
@@ -133,7 +140,7 @@ def register(app: typer.Typer) -> None:
         keys = _read_keys(api_keys) if api_keys is not None else None
         limits = Limits(batch_limit=batch_limit, char_limit=char_limit, queue_size=queue_size, timeout=timeout,
                         max_beam=max_beam, files=not disable_files_translation, file_char_limit=file_char_limit,
-                        file_ttl=file_ttl)
+                        file_ttl=file_ttl, req_limit=req_limit or 0, web_ui=not disable_web_ui)
         if suggestions is not None:
             from nmt_cli.serve.suggestions import Suggestions
 

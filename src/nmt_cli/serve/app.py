@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import traceback
 import uuid
@@ -31,6 +32,7 @@ from nmt_cli.serve import files
 from nmt_cli.serve.engine import Job, QueueFull, Stopping
 from nmt_cli.serve.files import FileStore
 from nmt_cli.serve.page import Page
+from nmt_cli.serve.ratelimit import RateLimiter
 from nmt_cli.serve.service import Plan, RequestError, Service
 from nmt_cli.serve.spec import spec
 from nmt_cli.serve.suggestions import Suggestions
@@ -151,6 +153,19 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
     store = FileStore(limits.file_ttl) if limits.files else None
     suggestions = Suggestions(service.suggestions) if service.suggestions is not None else None
     page = Page()
+    limiter = RateLimiter(limits.req_limit) if limits.req_limit else None
+
+    def spend(request: Request, fields: dict, cost: int = 1) -> None:
+        """--req-limit: count a request against its client (ratelimit.py), or a 429 with LibreTranslate's text."""
+        if limiter is None:
+            return
+        key = fields.get("api_key") if service.api_keys is not None else None
+        address = request.client.host if request.client else ""
+        wait = limiter.take(f"key {key}" if isinstance(key, str) and key else f"address {address}", cost)
+        if wait is not None:
+            raise RequestError(429, f"Slowdown: {limits.req_limit} per 1 minute (this server's --req-limit; the "
+                                    f"request counts {cost}; retry in {math.ceil(wait)} s)",
+                               {"Retry-After": str(max(1, math.ceil(wait)))})
 
     async def run(plan: Plan) -> Job | None:
         """Translate a plan's lines on its model's engine -> the finished job (None when there is no line)."""
@@ -180,17 +195,21 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
 
     async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request, limits.max_body)
+        q = fields.get("q")
+        spend(request, fields, max(1, len(q)) if isinstance(q, list) else 1)  # (as LibreTranslate counts)
         plan = service.plan(fields)
         return JSONResponse(service.answer(plan, await run(plan)))
 
     async def detect(request: Request) -> JSONResponse:
         fields = await read_fields(request, limits.max_body)
+        spend(request, fields)
         return JSONResponse(await run_in_threadpool(service.detect, fields))
 
     async def translate_file(request: Request) -> JSONResponse:
         if store is None:
             raise RequestError(403, "Files translation are disabled on this server.")
         fields, upload = await read_upload(request, limits.file_bytes + 65536)
+        spend(request, fields, max(1, len(upload[1]) // limits.char_limit) if upload else 1)  # (as LibreTranslate)
         service.check_key(fields)
         if upload is None:
             raise RequestError(400, "Invalid request: missing file parameter")
@@ -242,6 +261,7 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
 
     async def suggest(request: Request) -> JSONResponse:
         fields = await read_fields(request, limits.max_body)
+        spend(request, fields)
         if suggestions is None:
             raise RequestError(403, "Suggestions are disabled on this server.")
         record = service.suggestion(fields)
@@ -278,6 +298,8 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         return asset_response(request.path_params["name"])
 
     def asset_response(name: str) -> Response:
+        if not limits.web_ui:
+            raise RequestError(404, "the web page is off on this server (--disable-web-ui); the API answers")
         content, media_type, headers = page.asset(name)
         return Response(content, media_type=media_type, headers=headers)
 

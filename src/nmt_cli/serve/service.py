@@ -58,6 +58,8 @@ class Limits:
     file_char_limit: int = 100_000  # characters of text in a file to translate
     file_bytes: int = 10 << 20  # bytes of a file to translate
     file_ttl: float = 600.0  # seconds a translated file stays to be downloaded
+    req_limit: int = 0  # requests a minute per client (ratelimit.py); 0: none
+    web_ui: bool = True  # the web page at /
 
     @property
     def max_body(self) -> int:

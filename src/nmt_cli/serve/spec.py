@@ -21,6 +21,7 @@ STATUS_TEXT = {
     405: "a method the endpoint does not take",
     413: "over a limit: characters, lines, body or file size",
     415: "a body that is neither JSON nor a form",
+    429: "over the server's --req-limit of requests a minute for this client; see Retry-After",
     500: "an internal error: the answer names a request id, which the server's log shows with the traceback",
     503: "busy (the queue is full, the request ran past the time limit, the server is stopping); see Retry-After",
     507: "the server could not store the file or suggestion (its disk is full); nothing was kept, try again later",
@@ -76,7 +77,7 @@ def spec(limits: Limits, version: str) -> dict:
     paths = {
         "/translate": {"post": {
             "summary": "Translate text", "requestBody": _body(translate),
-            "responses": {"200": _json("the translation", translated), **_errors(400, 403, 413, 415, 500, 503)}}},
+            "responses": {"200": _json("the translation", translated), **_errors(400, 403, 413, 415, 429, 500, 503)}}},
         "/languages": {m: {"summary": "The languages the models translate from and into",
                            "responses": {"200": _json("the languages", {"type": "array", "items": language})}}
                        for m in ("get", "post")},
@@ -85,7 +86,7 @@ def spec(limits: Limits, version: str) -> dict:
             "requestBody": _body({"type": "object", "required": ["q"],
                                   "properties": {"q": _Q, "api_key": _KEY}}),
             "responses": {"200": _json("the likeliest languages, best first", {"type": "array", "items": _DETECTION}),
-                          **_errors(400, 403, 413, 415, 500)}}},
+                          **_errors(400, 403, 413, 415, 429, 500)}}},
         "/translate_file": {"post": {
             "summary": f"Translate a file ({', '.join(FORMATS)})",
             "requestBody": _body({"type": "object", "required": ["file", "source", "target"], "properties": {
@@ -95,7 +96,7 @@ def spec(limits: Limits, version: str) -> dict:
                 "source": _LANG, "target": _LANG, "api_key": _KEY}}, multipart_only=True),
             "responses": {"200": _json("where to download the translated file", {
                 "type": "object", "properties": {"translatedFileUrl": {"type": "string"}}}),
-                **_errors(400, 403, 413, 415, 500, 503, 507)}}},
+                **_errors(400, 403, 413, 415, 429, 500, 503, 507)}}},
         "/download_file/{filename}": {"get": {
             "summary": f"Download a translated file (kept {limits.file_ttl:g} s)",
             "parameters": [{"name": "filename", "in": "path", "required": True, "schema": {"type": "string"}}],
@@ -108,7 +109,7 @@ def spec(limits: Limits, version: str) -> dict:
                 "source": _LANG, "target": _LANG, "api_key": _KEY,
                 "translation": {"type": "string", "description": "nmt: the machine translation corrected"}}}),
             "responses": {"200": _json("kept", {"type": "object", "properties": {"success": {"type": "boolean"}}}),
-                          **_errors(400, 403, 413, 415, 500, 507)}}},
+                          **_errors(400, 403, 413, 415, 429, 500, 507)}}},
         "/frontend/settings": {"get": {"summary": "Settings of the web page (LibreTranslate's)",
                                        "responses": {"200": _json("the settings", {"type": "object"})}}},
         "/health": {"get": {"summary": "Health check", "responses": {"200": _json("ok", {
@@ -117,7 +118,7 @@ def spec(limits: Limits, version: str) -> dict:
                           "responses": {"200": _json("the server", {"type": "object"})}}},
         "/spec": {"get": {"summary": "This document", "responses": {"200": _json("OpenAPI 3", {"type": "object"})}}},
         "/": {"get": {"summary": "The web page", "responses": {"200": {
-            "description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}}}},
+            "description": "HTML", "content": {"text/html": {"schema": {"type": "string"}}}}, **_errors(404)}}},
     }
     for path, methods in paths.items():
         allowed = {"get", "post"} - set(methods)
