@@ -66,13 +66,18 @@ def test_the_rule_follows_the_environment_then_the_vendor(monkeypatch):
         assert use_packed() is expected
 
 
-@pytest.mark.parametrize("precision,bounded", [("fp32", True), ("bf16", True), ("int8", False)])
+@pytest.mark.parametrize("precision,int8_gemm,bounded", [("fp32", "", True), ("bf16", "", True),
+                                                         ("int8", "fbgemm", False), ("int8", "onednn", True)])
 def test_translations_on_onednn_bound_its_caches_unless_the_user_did(tmp_path, toy_tokenizer_bytes, monkeypatch,
-                                                                     precision, bounded):
+                                                                     precision, int8_gemm, bounded):
     """oneDNN's and ideep's caches of compiled products are capped (their default let memory grow with the input),
-    by environment variables that the user's own values override."""
+    by environment variables that the user's own values override. int8 uses oneDNN for its output projection
+    only where it is chosen (int8.py; by default on CPUs with AMX)."""
+    if int8_gemm == "onednn" and "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no oneDNN quantized engine")
     path = make_checkpoint(tmp_path / "model.pt", toy_tokenizer_bytes, seed=0)
     monkeypatch.setenv(packed.ENV, "onednn")
+    monkeypatch.setenv("NMT_INT8_GEMM", int8_gemm)
     for name in packed.CACHE_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     Translator(load_checkpoints([path]), "cpu", precision, TranslateConfig())
