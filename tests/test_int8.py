@@ -112,7 +112,7 @@ def test_the_output_projections_engine_follows_the_cpu_and_the_environment(monke
     monkeypatch.delenv(int8_module.ENV, raising=False)
     monkeypatch.setattr(int8_module, "cpu_flags", lambda: {"avx512f", "amx_tile", "amx_int8"})
     amx = int8_module.output_engine()
-    assert amx == ("onednn" if "onednn" in torch.backends.quantized.supported_engines else "fbgemm")
+    assert amx == ("onednn" if int8_module.onednn_available() else "fbgemm")
     monkeypatch.setattr(int8_module, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
     assert int8_module.output_engine() == "fbgemm"
     monkeypatch.setenv(int8_module.ENV, "onednn")
@@ -120,6 +120,13 @@ def test_the_output_projections_engine_follows_the_cpu_and_the_environment(monke
     monkeypatch.setenv(int8_module.ENV, "mkl")
     with pytest.raises(ConfigError, match="NMT_INT8_GEMM='mkl': choose fbgemm or onednn"):
         int8_module.output_engine()
+    monkeypatch.setattr(int8_module, "onednn_available", lambda: False)  # a build without oneDNN's
+    monkeypatch.setattr(int8_module, "cpu_flags", lambda: {"amx_int8"})
+    monkeypatch.setenv(int8_module.ENV, "onednn")
+    with pytest.raises(ConfigError, match="no oneDNN quantized engine; use fbgemm"):
+        int8_module.output_engine()
+    monkeypatch.delenv(int8_module.ENV)
+    assert int8_module.output_engine() == "fbgemm"
 
 
 @needs_onednn

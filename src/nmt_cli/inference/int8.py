@@ -42,15 +42,23 @@ def int8_available() -> bool:
         return False
 
 
+def onednn_available() -> bool:
+    """Whether this torch build has oneDNN's int8 products (torch's `onednn` quantized engine)."""
+    return "onednn" in torch.backends.quantized.supported_engines
+
+
 def output_engine() -> str:
     """Whose int8 product the output projection is: oneDNN's on CPUs with AMX's int8 tiles, FBGEMM's elsewhere
     (module docstring); NMT_INT8_GEMM chooses."""
     choice = os.environ.get(ENV, "").strip().lower()
     if choice not in ("", "fbgemm", "onednn"):
         raise ConfigError(f"{ENV}={choice!r}: choose fbgemm or onednn (or leave it unset)")
+    has_onednn = onednn_available()
+    if choice == "onednn" and not has_onednn:
+        raise ConfigError(f"{ENV}=onednn: this torch build has no oneDNN quantized engine; use fbgemm")
     if choice:
         return choice
-    return "onednn" if "amx_int8" in cpu_flags() and "onednn" in torch.backends.quantized.supported_engines else "fbgemm"
+    return "onednn" if "amx_int8" in cpu_flags() and has_onednn else "fbgemm"
 
 
 class Int8Linear(nn.Module):
