@@ -8,7 +8,7 @@ VNNI multiply-add unsigned x signed bytes into saturating 16-bit sums, and 7 bit
 
 On CPUs with AMX's int8 tiles the output projection (the widest product) is oneDNN's instead, through torch's
 `onednn` quantized engine, with 8-bit activations: FBGEMM's is slow at a vocabulary's width there (it fills an int32
-buffer as large as the logits), oneDNN's 2-7x faster (bench/tools/int8_engines.py); the narrower layers stay
+buffer as large as the logits), oneDNN's 1.5-8x faster (bench/tools/int8_engines.py); the narrower layers stay
 FBGEMM's, as fast or faster at a step's few rows. `NMT_INT8_GEMM=fbgemm` or `onednn` chooses for the output
 projection on any CPU.
 
