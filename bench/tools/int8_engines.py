@@ -13,7 +13,6 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -24,21 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_step import cpu_name  # noqa: E402
 
 from nmt_cli.inference.int8 import Int8Linear  # noqa: E402
-
-
-def onednn_packed(weight: torch.Tensor):
-    """The weight quantized as Int8Linear does (per row, symmetric), packed for oneDNN."""
-    scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-8).double()
-    before = torch.backends.quantized.engine
-    torch.backends.quantized.engine = "onednn"
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            q = torch.quantize_per_channel(weight, scales, torch.zeros(weight.size(0), dtype=torch.long), 0,
-                                           torch.qint8)
-        return torch.ops.quantized.linear_prepack(q, None)
-    finally:
-        torch.backends.quantized.engine = before
 
 
 def timed(fn, x_of, calls: int, rounds: int) -> float:
@@ -70,18 +54,17 @@ def main() -> None:
     print(f"{'out':>6} {'rows':>5} {'fbgemm':>8} {'onednn':>8} {'fp32':>8}  error fbgemm / onednn")
     for out in map(int, a.outs.split(",")):
         weight = torch.randn(out, a.d_model) * a.d_model ** -0.5
-        fb, on = Int8Linear(weight), onednn_packed(weight)
-        linear_dynamic = torch.ops.quantized.linear_dynamic
+        fb, on = Int8Linear(weight), Int8Linear(weight, engine="onednn")
         for rows in map(int, a.rows.split(",")):
             def x_of(rows=rows):
                 return torch.randn(rows, a.d_model)
 
             t_fb = timed(fb.forward, x_of, a.calls, a.rounds)
-            t_on = timed(lambda x: linear_dynamic(x, on, False), x_of, a.calls, a.rounds)  # noqa: B023
+            t_on = timed(on.forward, x_of, a.calls, a.rounds)
             t_fp = timed(lambda x: torch.nn.functional.linear(x, weight), x_of, a.calls, a.rounds)  # noqa: B023
             x = x_of()
             ref = torch.nn.functional.linear(x, weight)
-            err = [((y - ref).abs().mean() / ref.abs().mean()).item() for y in (fb(x), linear_dynamic(x, on, False))]
+            err = [((y - ref).abs().mean() / ref.abs().mean()).item() for y in (fb(x), on(x))]
             print(f"{out:>6} {rows:>5} {t_fb:>8.0f} {t_on:>8.0f} {t_fp:>8.0f}  {err[0]:.4f} / {err[1]:.4f}", flush=True)
 
 
