@@ -43,3 +43,34 @@ def test_bench_names_no_work_items():
         if path.is_file():
             text = path.read_text()
             assert not re.search(r"\bissue \d|\(the issue\)|\.carry/before|\bsession\b", text, flags=re.I), path
+
+
+SLOT_TABLES_OFF = """
+import sys, torch
+sys.path.insert(0, "bench/tools")
+import mechanisms
+from nmt_cli.config import preset
+from nmt_cli.decoding import SearchConfig, decode_batches
+from nmt_cli.model import Transformer
+torch.manual_seed(0)
+model = Transformer(preset("tiny", vocab_size=40, d_model=32, d_ff=64, n_heads=4, dropout=0.0)).eval()
+src = torch.randint(4, 40, (10, 9))
+src[::3, 6:] = 0  # padding
+mask = src == 0
+batches = [(src[:6], mask[:6]), (src[6:], mask[6:])]
+cfg = SearchConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=12)
+before = decode_batches(model, batches, cfg)
+mechanisms.turn_off("slot-tables")
+after = decode_batches(model, batches, cfg)
+for b, a in zip(sum(before, []), sum(after, []), strict=True):
+    assert [h.tokens for h in b] == [h.tokens for h in a], (b, a)
+    assert all(abs(x.score - y.score) < 1e-4 for x, y in zip(b, a, strict=True))
+print("same")
+"""
+
+
+def test_the_cache_without_slot_tables_decodes_the_same():
+    """`bench/tools/mechanisms.py --off slot-tables` (the alternative the slot tables are timed against in
+    docs/results.md) gives the engine's hypotheses: the figure compares two ways to one answer."""
+    r = subprocess.run([sys.executable, "-c", SLOT_TABLES_OFF], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "same", r.stderr[-2000:]

@@ -10,8 +10,12 @@ Mechanisms (what `--off` turns off):
   row-padding   decoding steps' rows padded towards a multiple of 32 where products go through oneDNN
                 (inference/packed.py; fp32 on non-Intel CPUs, bf16): every step its own row count
   packed        float32 products through oneDNN with weights laid out once (non-Intel CPUs' default): MKL's
-The slot tables of beam search (decoding/cache.py) have no switch: they are how the cache is laid out. Two decoding
-streams are an option (`--workers 2`), not a default: `bench/translate.py --nmt fp32,fp32-w2` compares them.
+  slot-tables   beam search's slot tables (decoding/cache.py): instead, each row keeps its own keys and values and a
+                beam reorder gathers them into a second buffer (the filled positions, one index_select a layer, as
+                CTranslate2 and fairseq reorder their caches), and each row attends over its own keys only; joins
+                are not merged (offline translation's batches rarely are: their lengths differ by more than the gap)
+Two decoding streams are an option (`--workers 2`), not a default: `bench/translate.py --nmt fp32,fp32-w2` compares
+them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-MECHANISMS = ("none", "blocked-topk", "row-padding", "packed")
+MECHANISMS = ("none", "blocked-topk", "row-padding", "packed", "slot-tables")
 
 
 def turn_off(name: str) -> list[str]:
@@ -39,7 +43,57 @@ def turn_off(name: str) -> list[str]:
         import os
 
         os.environ["NMT_CPU_GEMM"] = "mkl"
+    elif name == "slot-tables":
+        gather_beams()
     return []
+
+
+def gather_beams() -> None:
+    """The cache without slot tables (`--off slot-tables`): each of a segment's rows has its own keys and values,
+    [L, 2, R, H, C, 1, K] (the exact CPU layout only), and a beam reorder gathers the filled positions of the rows
+    the beams continue into a second buffer of the same size (no allocation a step), which then becomes the cache."""
+    import torch
+
+    from nmt_cli.decoding import cache, step
+
+    def make_room(self) -> None:
+        if self.static:
+            raise SystemExit("--off slot-tables: the exact (CPU) layout only")
+        if self.kv is None or self.capacity < self.length + 1:
+            layers, _, _, heads, _, d_k = self.cross.shape
+            new = self.cross.new_empty((layers, 2, self.rows, heads, cache._bucket(self.length + 1), 1, d_k))
+            if self.kv is not None and self.length:
+                new[..., : self.length, :, :] = self.kv[..., : self.length, :, :]
+            self.kv = self._kv_room = new
+            self.spare = torch.empty_like(new)
+
+    def reorder(self, rows, sentences, kept=None) -> None:
+        if sentences is not None:
+            self.cross, self._room = cache._keep(self.cross, self._room, sentences, kept)
+            self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
+        if self.kv is not None:
+            out = self.spare.narrow(2, 0, rows.size(0))  # (_kv_room: the whole buffer `kv` is part of)
+            torch.index_select(self.kv.narrow(4, 0, self.length), 2, rows, out=out.narrow(4, 0, self.length))
+            self.spare, self._kv_room, self.kv = self._kv_room, self.spare, out
+
+    def self_attention(attn, x, layer, segments, masks):
+        qkv = attn.qkv_proj.forward(x)
+        h, d_k = attn.h, attn.d_k
+
+        def one(i, seg, part, out) -> None:
+            d, r, w = part.size(1) // 3, seg.rows, seg.window
+            kv = seg.kv[layer]  # [2, R, H, C, 1, K]
+            kv.select(3, seg.length).copy_(part[:, d:].view(r, 1, 2, h, d_k).permute(2, 0, 3, 1, 4))
+            k, v = kv[0, :, :, :w].reshape(r * h, w, d_k), kv[1, :, :, :w].reshape(r * h, w, d_k)
+            step.attend(part[:, :d].reshape(r * h, 1, d_k), k, v, None, out.view(r * h, 1, d_k))
+
+        return attn.out_proj.forward(step._per_segment(qkv, x, segments, one))
+
+    cache.Segment.make_room = make_room
+    cache.Segment.reorder = reorder
+    cache.Segment.self_mask = lambda self: None
+    cache.DecoderCache.merge = lambda self: None
+    step._self_attention = self_attention
 
 
 def main(argv: list[str] | None = None) -> None:
