@@ -1,7 +1,7 @@
 """Loopback load test of `nmt serve` beside `nmt translate` on the same file, in the same run.
 
   python bench/serve.py --checkpoint runs/multi30k/run/averaged.pt [--input ../shared/data/multi30k/test.en]
-      [--clients 8 32 128] [--threads 1] [--beam 4] [--rounds 3]
+      [--clients 8 32 128] [--threads 1] [--beam 4] [--precision fp32] [--rounds 3]
 
 1. offline: the file through the same code as `nmt translate` (Translator + translate_stream, model load excluded),
    with --threads threads;
@@ -275,6 +275,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[8, 32, 128])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--precision", default="fp32", help="the server's and offline's (fp32, bf16, int8)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N lines")
     ap.add_argument("--no-engine-process", action="store_true",
                     help="serve with the engine in the server's process (nmt serve --no-engine-process)")
@@ -289,7 +290,7 @@ def main() -> None:
     a = ap.parse_args()
     TARGET = a.target
     lines = Path(a.input).read_text(encoding="utf-8").splitlines()[: a.limit]
-    options = {"beam": a.beam}
+    options = {"beam": a.beam, "precision": a.precision}
     if a.soak:
         clients = a.clients[0] if a.clients != [8, 32, 128] else 128
         proc, url = start_server(a.checkpoint, a.threads, options, queue=max(1024, 2 * clients),
