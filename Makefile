@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 DEMO_DIR ?= demo
 DEMO_STEPS ?= 1200
 
-.PHONY: install test test-fuzz test-all test-lowest test-transformers4 wheel-check demo lint bench clean
+.PHONY: install test test-avx2 test-fuzz test-all test-lowest test-transformers4 wheel-check demo lint bench clean
 
 install: $(VENV)/.installed
 
@@ -53,6 +53,12 @@ test-fuzz: install $(VENV)/.export $(VENV)/.serve
 
 test-all: install $(VENV)/.export $(VENV)/.serve
 	$(BIN)/python -m pytest -m ""
+
+# oneDNN's products as on a CPU without VNNI or AMX (CI runs it after `make test`): ONEDNN_MAX_CPU_ISA holds oneDNN
+# to AVX2 on any x86 CPU, so the int8 and packed float32 tests meet the kernels an AVX2-only CPU runs (FBGEMM keeps
+# its own dispatch).
+test-avx2: install
+	ONEDNN_MAX_CPU_ISA=AVX2 $(BIN)/python -m pytest tests/test_int8.py tests/test_packed.py
 
 # The hub path against the lowest huggingface-hub and pyarrow that pyproject.toml admits (CI runs it after
 # `make test`): both are installed from PyPI into .lowest/, which PYTHONPATH puts before the environment's own.

@@ -101,11 +101,35 @@ def test_onednn_int8_linear_matches_float_linear_with_8_bit_activations(relu):
         onednn = Int8Linear(dense.weight, dense.bias, relu=relu, engine="onednn")
         fbgemm = Int8Linear(dense.weight, dense.bias, relu=relu)
         got = onednn(x)
-        assert not onednn.reduce_range and torch.backends.quantized.engine != "onednn"  # (the engine put back)
-        assert relative_error(got, ref) < min(0.02, relative_error(fbgemm(x), ref))  # 8-bit activations, not 7
+        assert torch.backends.quantized.engine != "onednn"  # (the engine put back)
+        assert onednn.reduce_range is not int8_module.onednn_vnni()
+        assert relative_error(got, ref) < 0.02
+        if not onednn.reduce_range:  # 8-bit activations, not 7: closer than FBGEMM's
+            assert relative_error(got, ref) < relative_error(fbgemm(x), ref)
         if relu:  # applied after oneDNN's product, which would ignore a fused one
             assert got.min() == 0.0
         assert onednn(x.view(3, 7, 64)).shape == (3, 7, 300)
+
+
+def test_onednn_activations_are_7_bit_where_its_products_have_no_vnni(monkeypatch):
+    """Without VNNI oneDNN sums unsigned x signed bytes in pairs into saturating 16 bits, as FBGEMM does: 8-bit
+    activations would overflow there (~10x the error), so they are 7-bit; ONEDNN_MAX_CPU_ISA below VNNI counts too."""
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(int8_module, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_vnni"})
+    assert int8_module.onednn_vnni()
+    for flags in ({"avx2", "avx_vnni"}, {"amx_tile", "amx_int8"}):
+        monkeypatch.setattr(int8_module, "cpu_flags", lambda flags=flags: flags)
+        assert int8_module.onednn_vnni()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx2")
+    assert not int8_module.onednn_vnni()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_VNNI")
+    assert int8_module.onednn_vnni()
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    monkeypatch.setattr(int8_module, "cpu_flags", lambda: {"avx2", "fma", "avx512f", "avx512bw"})
+    assert not int8_module.onednn_vnni()
+    if "onednn" in torch.backends.quantized.supported_engines:
+        assert Int8Linear(torch.randn(8, 16), engine="onednn").reduce_range
 
 
 def test_the_output_projections_engine_follows_the_cpu_and_the_environment(monkeypatch):
@@ -138,8 +162,8 @@ def test_a_quantized_model_has_the_chosen_output_projection_and_the_float_distri
         reference = model(src, tgt).log_softmax(-1)
         quantize_int8(model)
         got = model(src, tgt).log_softmax(-1)
-    assert model.output_layer.reduce_range == (engine == "fbgemm")
-    assert all(m.reduce_range for m in model.modules() if isinstance(m, Int8Linear) and m is not model.output_layer)
+    assert model.output_layer.engine == engine
+    assert all(m.engine == "fbgemm" for m in model.modules() if isinstance(m, Int8Linear) and m is not model.output_layer)
     assert relative_error(got.exp(), reference.exp()) < 0.05
 
 

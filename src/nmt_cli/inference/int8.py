@@ -10,7 +10,8 @@ On CPUs with AMX's int8 tiles the output projection (the widest product) is oneD
 `onednn` quantized engine, with 8-bit activations: FBGEMM's is slow at a vocabulary's width there (it fills an int32
 buffer as large as the logits), oneDNN's 1.5-8x faster (bench/tools/int8_engines.py); the narrower layers stay
 FBGEMM's, as fast or faster at a step's few rows. `NMT_INT8_GEMM=fbgemm` or `onednn` chooses for the output
-projection on any CPU.
+projection on any CPU; oneDNN's activations are 7-bit too where its products have no VNNI (`onednn_vnni`: 8-bit
+ones saturate there, ~10x the error).
 
 Why: at a decoding step's shapes int8 products are faster than float32 ones (docs/results-history.md#int8-products).
 
@@ -47,6 +48,17 @@ def onednn_available() -> bool:
     return "onednn" in torch.backends.quantized.supported_engines
 
 
+ISA_WITHOUT_VNNI = ("SSE41", "AVX", "AVX2", "AVX512_CORE")  # ONEDNN_MAX_CPU_ISA values below VNNI's
+
+
+def onednn_vnni() -> bool:
+    """Whether oneDNN's int8 products multiply 8-bit activations exactly: the CPU has VNNI (or AMX's int8 tiles), and
+    no ONEDNN_MAX_CPU_ISA / DNNL_MAX_CPU_ISA holds oneDNN below it. Without VNNI, unsigned x signed bytes are summed
+    in pairs into saturating 16 bits, as for FBGEMM (the module docstring)."""
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").strip().upper()
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags()) and cap not in ISA_WITHOUT_VNNI
+
+
 def output_engine() -> str:
     """Whose int8 product the output projection is: oneDNN's on CPUs with AMX's int8 tiles, FBGEMM's elsewhere
     (module docstring); NMT_INT8_GEMM chooses."""
@@ -63,12 +75,12 @@ def output_engine() -> str:
 
 class Int8Linear(nn.Module):
     """y = x W^T + b with W in int8 (per-row scales) and x quantized on each call to unsigned integers of 7 bits
-    (FBGEMM) or 8 (`engine="onednn"`); `relu`: max(0, y), in the same pass with FBGEMM."""
+    (FBGEMM) or 8 (`engine="onednn"` where `onednn_vnni`); `relu`: max(0, y), in the same pass with FBGEMM."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None = None, relu: bool = False, engine: str = "fbgemm"):
         """`engine`: "fbgemm" (torch's default quantized engine on x86, which packs for FBGEMM) or "onednn"."""
         super().__init__()
-        self.relu = relu
+        self.relu, self.engine = relu, engine
         weight = weight.detach().float().cpu()
         self.in_features, self.out_features = weight.size(1), weight.size(0)
         scales = (weight.abs().amax(dim=1) / 127.0).clamp(min=1e-8).double()  # [out]
@@ -84,7 +96,7 @@ class Int8Linear(nn.Module):
             self._packed = torch.ops.quantized.linear_prepack(qweight, bias)
         finally:
             torch.backends.quantized.engine = before
-        self.reduce_range = engine == "fbgemm"  # 7-bit activations (module docstring)
+        self.reduce_range = engine == "fbgemm" or not onednn_vnni()  # 7-bit activations (module docstring)
         self.relu_after = relu and engine != "fbgemm"  # (oneDNN's dynamic product ignores a fused ReLU)
         # the resolved overload's C++ function: the op packet, and the overload itself, check their arguments in
         # Python first, on every call
@@ -102,7 +114,7 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, int8"
-                + ("" if self.reduce_range else ", onednn") + (", relu" if self.relu else ""))
+                + ("" if self.engine == "fbgemm" else f", {self.engine}") + (", relu" if self.relu else ""))
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:
