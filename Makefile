@@ -40,19 +40,22 @@ $(VENV)/.serve: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,serve,test-serve]'
 	@touch $@
 
+# Tests run in TEST_WORKERS processes (pytest-xdist): most of the suite's time is single-threaded work (Python
+# start-up, subprocesses of the CLI, tiny models), so 2 processes on 2 cores take ~0.55x the time of one.
+TEST_WORKERS ?= 2
 test: install $(VENV)/.export $(VENV)/.serve
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
-# The slow tests CI runs too (~6 min on 2 cores): the HTTP API fuzzed from its /spec (schemathesis, a fixed seed and
+# The slow tests CI runs too (~2-3 min on 2 cores): the HTTP API fuzzed from its /spec (schemathesis, a fixed seed and
 # number of examples per endpoint), nmt translate on every kind of bad input, and the writers on a full disk and
 # killed (a few times each; bench/faults.py kills each 20 times). The 1-minute soak of nmt serve
 # (tests/test_serve_soak.py) is a slow test outside CI.
 FUZZ_TESTS ?= tests/test_serve_fuzz.py tests/test_translate_fuzz.py tests/test_faults.py
 test-fuzz: install $(VENV)/.export $(VENV)/.serve
-	$(BIN)/python -m pytest -m slow $(FUZZ_TESTS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m slow $(FUZZ_TESTS)
 
 test-all: install $(VENV)/.export $(VENV)/.serve
-	$(BIN)/python -m pytest -m ""
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) -m ""
 
 # oneDNN's products as on a CPU without VNNI or AMX (CI runs it after `make test`): ONEDNN_MAX_CPU_ISA holds oneDNN
 # to AVX2 on any x86 CPU, so the int8 and packed float32 tests meet the kernels an AVX2-only CPU runs (FBGEMM keeps
