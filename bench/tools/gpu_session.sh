@@ -4,7 +4,8 @@
 # For a machine without network, put the wheels and the data beside the checkout first:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-#     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0
+#     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0 pytest-xdist==3.8.0 execnet==2.1.2 \
+#     hypothesis==6.170.17 sortedcontainers==2.4.0 build==1.6.1 pyproject_hooks==1.2.0   # (the test extra)
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
 # then: OUT=DIR bash bench/tools/gpu_session.sh
 # Where a big update's time goes (eager, bf16: top kernels), ~2 minutes:
