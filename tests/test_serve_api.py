@@ -239,8 +239,9 @@ def test_translate_file_malformed_requests(server):
 
 
 def test_translated_files_are_removed_after_their_time(ckpt):
-    folders = set(Path(tempfile.gettempdir()).glob("nmt-serve-files-*"))
     s = Server("-m", str(ckpt), "--no-engine-process", "--file-ttl", "2")
+    # the server's own folder (its name holds its process id): other servers may run beside it (pytest -n)
+    own = f"nmt-serve-files-{s.proc.pid}-*"
     try:
         start = time.monotonic()
         url = _translate_file(s, "a.txt", b"a cat").json()["translatedFileUrl"]
@@ -252,11 +253,11 @@ def test_translated_files_are_removed_after_their_time(ckpt):
             assert time.monotonic() < deadline, "the file was not removed"
             time.sleep(0.2)
         assert "no such file" in httpx.get(url).json()["error"]
-        mine = set(Path(tempfile.gettempdir()).glob("nmt-serve-files-*")) - folders
-        assert len(mine) == 1 and not list(mine.pop().iterdir())  # the server's folder is empty again
+        mine = list(Path(tempfile.gettempdir()).glob(own))
+        assert len(mine) == 1 and not list(mine[0].iterdir())  # the server's folder is empty again
     finally:
         assert s.stop() == 0, "".join(s.log)
-    assert set(Path(tempfile.gettempdir()).glob("nmt-serve-files-*")) <= folders  # and gone once it stopped
+    assert not list(Path(tempfile.gettempdir()).glob(own))  # and gone once it stopped
 
 
 def test_files_translation_can_be_disabled(ckpt):
