@@ -41,7 +41,8 @@ $(VENV)/.serve: $(VENV)/.installed
 	@touch $@
 
 # Tests run in TEST_WORKERS processes (pytest-xdist): most of the suite's time is single-threaded work (Python
-# start-up, subprocesses of the CLI, tiny models), so 2 processes on 2 cores take ~0.57x the time of one (7 min 55 s against 13 min 59 s).
+# start-up, subprocesses of the CLI, tiny models), so 2 processes on 2 cores take ~0.57x the time of one
+# (7 min 55 s against 13 min 59 s).
 TEST_WORKERS ?= 2
 test: install $(VENV)/.export $(VENV)/.serve
 	$(BIN)/python -m pytest -n $(TEST_WORKERS)
