@@ -105,14 +105,18 @@ def model_flops(cfg, src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
 def synthetic_data_dir(path: Path, vocab_size: int, n: int = 20000, seed: int = 0) -> Path:
     """Random-id sentences with WMT-like lengths (mean ~27 tokens) in nmt prepare's format."""
     from nmt_cli.data.store import MANIFEST, SPM_MODEL, BinaryWriter
-    from nmt_cli.data.tokenizer import train_bpe
+    from nmt_cli.data.tokenizer import Tokenizer, train_bpe
 
-    if (path / MANIFEST).exists():
+    if (path / MANIFEST).exists() and Tokenizer((path / SPM_MODEL).read_bytes()).vocab_size == vocab_size:
         return path
     path.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    spm = train_bpe([f"placeholder sentence number {i}" for i in range(200)], vocab_size=40)
-    (path / SPM_MODEL).write_bytes(spm)  # never decoded: the ids are random
+    # never decoded (the ids are random), but as large as the manifest says: placeholder pieces fill it
+    spm = train_bpe([f"placeholder sentence number {i}" for i in range(200)], vocab_size=vocab_size,
+                    symbols=[f"<x{i}>" for i in range(vocab_size - 40)])
+    if Tokenizer(spm).vocab_size != vocab_size:
+        raise SystemExit(f"the synthetic tokenizer has {Tokenizer(spm).vocab_size} pieces, not {vocab_size}")
+    (path / SPM_MODEL).write_bytes(spm)
     splits = {}
     for split, count in (("train", n), ("valid", 200)):
         lens = np.clip(rng.gamma(4.0, 27 / 4.0, size=count).astype(int), 3, 120)

@@ -117,9 +117,9 @@ def test_autocast_loss_is_close_to_fp32_on_the_same_batch(toy_data_dir):
     assert losses["fp16"] == pytest.approx(losses["fp32"], rel=5e-3)
 
 
-def _tiny_model(seed=0, **kw) -> Transformer:
+def _tiny_model(seed=0, vocab_size=64, **kw) -> Transformer:
     torch.manual_seed(seed)
-    return Transformer(tiny_config(64, max_positions=128, **kw)).eval()
+    return Transformer(tiny_config(vocab_size, max_positions=128, **kw)).eval()
 
 
 def _sources(device, n=12, seed=3):
@@ -148,18 +148,21 @@ def test_cached_decoding_equals_uncached_on_cuda(beam, static, no_tf32):
             assert x.score == pytest.approx(y.score, abs=1e-4)
 
 
-# attention as five operations (the default) or through SDPA (decoding.step.SDPA_DECODING)
-@pytest.mark.parametrize("variant", ["default", "sdpa"])
+# attention as five operations (the default) or through SDPA (decoding.step.SDPA_DECODING); the best candidates
+# by a topk over each beam's vocabulary (the default) or by blocks of it (decoding.beam.BLOCK_DEVICES)
+@pytest.mark.parametrize("variant", ["default", "sdpa", "blocks"])
 @pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(beam=4, stop="top", min_len=2)])
 def test_cuda_graph_decoding_equals_eager_and_syncs_only_at_host_checks(options, variant, no_tf32, monkeypatch):
     """The steps replayed as CUDA graphs (decoding/graphs.py) give the eager static engine's hypotheses and
     scores, batches joining; every step between two host checks runs under set_sync_debug_mode("error") (any host
     sync raises); the graphs were recorded and replayed, and recording never failed."""
+    from nmt_cli.decoding import beam as decoding_beam
     from nmt_cli.decoding import step as decoding_step
     from nmt_cli.decoding.graphs import StepGraphs
 
     monkeypatch.setattr(decoding_step, "SDPA_DECODING", variant == "sdpa")
-    model = _tiny_model().cuda()
+    monkeypatch.setattr(decoding_beam, "BLOCK_DEVICES", ("cpu", "cuda") if variant == "blocks" else ("cpu",))
+    model = _tiny_model(vocab_size=256 if variant == "blocks" else 64).cuda()  # blocks: V >= 16 x 2K
     src, mask = _sources("cuda", n=24)
     cfg = SearchConfig(max_len_a=1.0, max_len_b=12, **options)
     batches = [(src[:12], mask[:12]), (src[12:], mask[12:])]

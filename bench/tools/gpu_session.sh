@@ -6,9 +6,9 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 #     -d .whl ctranslate2==4.8.5 sacremoses==0.1.1 setuptools==80.9.0 pytest-xdist==3.8.0 execnet==2.1.2 \
-#     hypothesis==6.170.17 sortedcontainers==2.4.0 build==1.6.1 pyproject_hooks==1.2.0   # (the test extra)
+#     hypothesis==6.170.17 sortedcontainers==2.4.0 build==1.6.1 pyproject_hooks==1.2.0 langcodes==3.5.1
 #   mkdir -p .carry/data && cp -r ../shared/data/multi30k ../shared/data/wmt14_newstest_ende .carry/data/
-# then: OUT=DIR bash bench/tools/gpu_session.sh
+# then: OUT=DIR bash bench/tools/gpu_session.sh 2>&1 | tee DIR/summary.log   (BUDGET=seconds: 540 by default)
 # Where a big update's time goes (eager, bf16: top kernels), ~2 minutes:
 #   PYTHONUNBUFFERED=1 .venv/bin/python bench/train.py --sections base --presets big --gpu-max-tokens 25000 \
 #     --seconds 8 --window 4 --profile big
@@ -26,14 +26,17 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ct2sit
 CUB=$(dirname "$(find / -xdev -name 'libcublas.so.13' 2>/dev/null | head -1)")
 mkdir -p /tmp/cu12 && ln -sf "$CUB/libcublas.so.13" /tmp/cu12/libcublas.so.12 && ln -sf "$CUB/libcublasLt.so.13" /tmp/cu12/libcublasLt.so.12
 export LD_LIBRARY_PATH=/tmp/cu12:$CUB:${LD_LIBRARY_PATH:-}
-make install > "$OUT/install.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/install.log"; }
+make install > "$OUT/install.log" 2>&1 || { echo "install failed"; tail -5 "$OUT/install.log"; exit 1; }
 echo "installed at ${SECONDS}s"
 # 1. the CUDA tests, the CUDA-graph ones first (nothing else counts if they fail)
 timeout 60 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_cuda.py -k graph -rfEs --tb=short -x \
   > "$OUT/graph_tests.log" 2>&1; echo "graph tests rc=$? at ${SECONDS}s"; tail -15 "$OUT/graph_tests.log"
+#    (SIGINT at the time limit: pytest still prints its failures; -v names each test as it ends; the torchrun test,
+#    the slowest (it compiles), runs on its own after step 3)
 XDIST=$(.venv/bin/python -c "import xdist" 2>/dev/null && echo "-n 4")  # pytest-xdist where the image has it
-timeout 200 .venv/bin/python -m pytest -q $XDIST -p no:cacheprovider tests/test_cuda.py -rfEs --tb=short \
-  > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$? at ${SECONDS}s"; tail -8 "$OUT/cuda_tests.log"
+timeout -s INT -k 20 180 .venv/bin/python -m pytest -v $XDIST -p no:cacheprovider tests/test_cuda.py -k "not torchrun" \
+  -rfEs --tb=short > "$OUT/cuda_tests.log" 2>&1; echo "cuda tests rc=$? at ${SECONDS}s"
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/cuda_tests.log" | tail -25
 # 2. decoding: graphs (the default) against graphs with SDPA's attention and no graphs, in one process,
 #    then against CTranslate2 on base and big (fp16-graph and fp16: graphs on and off, --no-cuda-graphs)
 timeout 60 .venv/bin/python bench/tools/graph_ab.py --precision fp16 > "$OUT/graph_ab.log" 2>&1
@@ -55,6 +58,10 @@ echo "translate bench (base, 16000 tokens) done at ${SECONDS}s"
 [ $SECONDS -lt 380 ] && timeout 150 .venv/bin/python bench/train.py --sections base --presets big,base \
   --gpu-max-tokens 25000 --seconds 12 --window 6 --profile big > "$OUT/train.log" 2>&1
 echo "train bench done at ${SECONDS}s"; grep -E "^(GPU|big|base) |^profile|failed" "$OUT/train.log" | cut -c1-260
+#    (step 1's last test: torchrun on one GPU, compiled, validation with BLEU)
+[ $SECONDS -lt 420 ] && timeout -s INT -k 20 120 .venv/bin/python -m pytest -v -p no:cacheprovider tests/test_cuda.py \
+  -k torchrun -rfEs --tb=short > "$OUT/torchrun_test.log" 2>&1; echo "torchrun test rc=$? at ${SECONDS}s"
+grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/torchrun_test.log" | tail -5
 # 4. the command line on one GPU: a real run (Multi30k, base-sized model, at most 10 minutes, early stopping on
 #    validation, averaging, test BLEU), or GPU_CHECK=1: gpu_check.sh (train bf16/fp16, translate fp32/bf16/fp16
 #    against the CPU)
@@ -81,5 +88,9 @@ elif [ $left -gt 150 ]; then
   done; done 2>&1 | tee -a "$OUT/multi30k.log"
   [ -f /tmp/out--cuda-graphs.de ] && echo "identical lines: $(paste -d '\t' /tmp/out--cuda-graphs.de /tmp/out--no-cuda-graphs.de | awk -F'\t' '$1==$2' | wc -l)/1000" | tee -a "$OUT/multi30k.log"
 else
-  echo "step 3 skipped: ${left}s left (run it in a call of its own)"
+  echo "step 4 skipped: ${left}s left (run it in a call of its own)"
 fi
+# the files that come back from a device machine are few (8): every log in one archive (summary.log, the tee of
+# this script's output where the caller keeps one, stays beside it)
+tar czf /tmp/gpu_logs.tgz -C "$OUT" --exclude ./summary.log . && find "$OUT" -type f ! -name summary.log -delete \
+  && mv /tmp/gpu_logs.tgz "$OUT/logs.tgz"

@@ -1,8 +1,9 @@
 """nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
-beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs twice: the
-attention as five operations (the default) and through SDPA (decoding.step.SDPA_DECODING: one kernel instead of five, not
-yet measured). (Until 2026-11-26 beam reorders gathered the cache, in place or into spare buffers; they now move a
-slot table, decoding/cache.py: run this script on both commits to compare.)
+beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs three times: as
+they are; with the attention through SDPA (decoding.step.SDPA_DECODING: one kernel instead of five); with the best
+candidates found by blocks of the vocabulary, as on CPU (decoding.beam.BLOCK_DEVICES), instead of a topk over
+each beam's whole vocabulary. (Until 2026-11-26 beam reorders gathered the cache, in place or into spare buffers;
+they now move a slot table, decoding/cache.py: run this script on both commits to compare.)
 
     python bench/tools/graph_ab.py [--precision fp16] [--lines 3003] [--rounds 2]
     python bench/tools/graph_ab.py --device cpu --precision fp32 --lines 40 --rounds 1   # the script itself, on CPU
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from nmt_cli.config import ModelConfig  # noqa: E402
 from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
+from nmt_cli.decoding import beam as decoding_beam  # noqa: E402
 from nmt_cli.decoding import step as decoding_step  # noqa: E402
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs  # noqa: E402
 from nmt_cli.model import Transformer, avoid_cudnn_attention  # noqa: E402
@@ -59,10 +61,10 @@ def main() -> None:
         batches.append((src.to(device), (src == 0).to(device)))
         i += n
     cfg = SearchConfig(beam=4, max_len_a=0.0, max_len_b=33)
-    graphs = StepGraphs(device)
-    sdpa = StepGraphs(device)
+    graphs, sdpa, blocks = StepGraphs(device), StepGraphs(device), StepGraphs(device)
     modes = {"graphs": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=graphs),
              "graphs, sdpa": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=sdpa),
+             "graphs, blocks": dict(static=True, check_every=GPU_CHECK_EVERY, graphs=blocks),
              "static": dict(static=True, check_every=GPU_CHECK_EVERY),
              "exact (before)": dict()}
     name = torch.cuda.get_device_name(0) if device.type == "cuda" else "CPU"
@@ -73,6 +75,8 @@ def main() -> None:
     for r in range(args.rounds):
         for name, options in modes.items():
             decoding_step.SDPA_DECODING = name == "graphs, sdpa"  # attention: one SDPA call or five operations
+            # the best candidates: a topk over each beam's vocabulary, or blocks of it (as on CPU)
+            decoding_beam.BLOCK_DEVICES = ("cpu", "cuda") if name == "graphs, blocks" else ("cpu",)
             sync()
             start = time.perf_counter()
             found = decode_batches(model, batches, cfg, **options)
@@ -81,9 +85,10 @@ def main() -> None:
             s = time.perf_counter() - start
             print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
     decoding_step.SDPA_DECODING = False
-    for name, g in (("graphs", graphs), ("graphs, sdpa", sdpa)):
+    decoding_beam.BLOCK_DEVICES = ("cpu",)
+    for name, g in (("graphs", graphs), ("graphs, sdpa", sdpa), ("graphs, blocks", blocks)):
         print(f"  {name}: {g.recorded} recorded, {g.replayed} replayed, {g.eager} eager, broken: {g.broken}")
-    for other in ("graphs, sdpa", "static", "exact (before)"):
+    for other in ("graphs, sdpa", "graphs, blocks", "static", "exact (before)"):
         same = sum(a == b for a, b in zip(outputs["graphs"], outputs[other], strict=True))
         print(f"  best hypotheses identical, graphs vs {other}: {same}/{len(lengths)}")
 

@@ -18,6 +18,11 @@ from nmt_cli.config import EOS_ID
 from nmt_cli.decoding.config import SearchConfig
 from nmt_cli.decoding.state import SearchState
 
+# Where `candidates` cuts the vocabulary into blocks. On a GPU the plain path's topk over every beam's whole
+# vocabulary (a multi-block radix select) is a large share of a step's kernel time (docs/results.md, GPU); the
+# blocks are yet to be measured there (bench/tools/graph_ab.py times both).
+BLOCK_DEVICES = ("cpu",)
+
 
 class BeamSearch:
     """`select` chooses and records; `advance` moves the beams and returns the rows the cache must follow."""
@@ -61,13 +66,13 @@ def _block_size(width: int, k: int) -> int | None:
 def candidates(state: SearchState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] -> scores, beams, tokens, each [N, 2K].
 
-    The full [N*K, V] matrix is never added to or sorted. On CPU the vocabulary is cut into blocks of ~64 tokens:
-    the 2K best candidates lie in the 2K (beam, block) pairs whose block maximum plus the beam's score is highest,
-    so one max over blocks, a topk over K x blocks and a topk over 2K blocks per sentence do the work. Otherwise
-    each beam's 2K best tokens, plus the beam's score, are the only candidates."""
+    The full [N*K, V] matrix is never added to or sorted. On CPU (BLOCK_DEVICES) the vocabulary is cut into blocks
+    of ~64 tokens: the 2K best candidates lie in the 2K (beam, block) pairs whose block maximum plus the beam's
+    score is highest, so one max over blocks, a topk over K x blocks and a topk over 2K blocks per sentence do the
+    work. Otherwise each beam's 2K best tokens, plus the beam's score, are the only candidates."""
     k, k2 = state.per, 2 * state.per
     n, width = state.n, lprobs.size(1)
-    block = _block_size(width, k2) if lprobs.device.type == "cpu" and width >= 16 * k2 else None
+    block = _block_size(width, k2) if lprobs.device.type in BLOCK_DEVICES and width >= 16 * k2 else None
     if block is None:
         row_scores, row_tokens = lprobs.topk(min(k2, width), dim=1)  # [N*K, 2K']
         total = row_scores.add_(state.scores.view(-1, 1)).view(n, -1)  # [N, K*2K']

@@ -145,6 +145,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
             decode_step(model, cache, state, cfg, search, t)
         checked = (t + 1) % check_every == 0 or t + 1 >= max(state.max_len_host)  # (all must be done)
         if checked:
+            if guard:
+                torch.cuda.set_sync_debug_mode(0)  # the host check itself waits for the device
             if stop is not None and stop():
                 raise Stopped("decoding stopped")
             done = state.done.tolist()
