@@ -9,7 +9,7 @@ is put on sys.path and `nmt_cli.checkpoints.format.load` reads the checkpoint (t
         [--lenpen 0.6] [--max-len-a 1 --max-len-b 50 | --fixed-length L] [--max-tokens 2000] [-n N] [--check]
 
 prints one final JSON line {"seconds", "sentences", "tgt_tokens", "peak_mb"}: the timed translation only
-(after a short warm-up), target tokens counting EOS, peak RSS in MB (ru_maxrss / 1024).
+(after a short warm-up), target tokens counting EOS, peak RSS in MB (VmHWM: this process's own).
 
 Installing fairseq (Python 3.11; a separate venv, CPU torch pinned so that pip never pulls CUDA wheels):
 
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from argparse import Namespace
@@ -68,7 +67,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from translate import read_lines  # noqa: E402  (bench/translate.py, beside this script)
+from translate import peak_mb, read_lines  # noqa: E402  (bench/translate.py, beside this script)
 
 from nmt_cli.checkpoints import format as nmt_checkpoint  # noqa: E402
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID  # noqa: E402
@@ -334,9 +333,8 @@ def main() -> None:
     hyps = generate(generator, model, sources, args.max_tokens)
     seconds = time.perf_counter() - start
     args.output.write_text("".join(t + "\n" for t in detokenize(sp, hyps)), encoding="utf-8")
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"seconds": seconds, "sentences": len(lines), "tgt_tokens": sum(len(h) for h in hyps),
-                      "peak_mb": peak_mb}))
+                      "peak_mb": peak_mb()}))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ to a `transformers` MarianMTModel in memory).
         [--max-len-a 1 --max-len-b 50 | --fixed-length L] [--batch-sentences 48] [-n N] [--check]
 
 prints one JSON line last: {"seconds", "sentences", "tgt_tokens", "peak_mb"} (seconds: the timed translation only,
-after a short warm-up; tgt_tokens: generated tokens including EOS; peak_mb: ru_maxrss / 1024).
+after a short warm-up; tgt_tokens: generated tokens including EOS; peak_mb: VmHWM, this process's own peak).
 
 Install: `pip install -e '.[export]'` (the project's export extra; `make install` does it), or into a separate
 directory (`.venv/bin/pip install --no-deps --target /tmp/hfsite transformers tokenizers safetensors`) passed
@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from translate import read_lines  # bench/translate.py, beside this script
+from translate import peak_mb, read_lines  # bench/translate.py, beside this script
 
 from nmt_cli.checkpoints import format as checkpoint
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
@@ -247,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     args.output.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     result: dict[str, Any] = {
         "seconds": seconds, "sentences": len(lines), "tgt_tokens": sum(len(o) for o in outputs),
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_mb": peak_mb(),
     }
     print(json.dumps(result))
 

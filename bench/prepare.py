@@ -24,7 +24,7 @@ Corpora (from ../shared/data, read in place):
 
 Stages: check (open and count every input), bpe (sample + learn the joint BPE), encode (read, clean, encode on
 all cores, write .bin/.idx and raw text), per split. Each corpus runs in a fresh process so its peak RSS
-(ru_maxrss) is its own. Target: encode + binarize >= 20,000 pairs/s on the 2-core machine.
+(VmHWM) is its own. Target: encode + binarize >= 20,000 pairs/s on the 2-core machine.
 Besides wall-clock pairs/s, the table shows pairs per CPU-second (process CPU time, all threads): on a machine
 shared with other jobs the wall figure drops, while pairs/CPU-s x cores bounds what an idle machine reaches.
 """
@@ -35,12 +35,13 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from translate import peak_mb  # bench/translate.py, beside this script: this process's own peak
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -89,7 +90,7 @@ def _summary(name: str, result) -> dict:
     return {"corpus": name, "timings": result.timings, "cpu": result.cpu,
             "pairs": {s: v["read"] for s, v in splits.items()}, "kept": {s: v["kept"] for s, v in splits.items()},
             "tokens": {s: v["src_tokens"] + v["tgt_tokens"] for s, v in splits.items()},
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mib": peak_mb()}
 
 
 def report(r: dict) -> None:

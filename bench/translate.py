@@ -57,7 +57,14 @@ def read_lines(path: Path, n: int | None = None) -> list[str]:
 
 
 def peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak resident memory in MB: VmHWM on Linux. Not ru_maxrss there: a process started by
+    fork (or vfork) and exec keeps its parent's peak in it, so a small job started by a large parent reads the
+    parent's peak (CTranslate2's job read ~300-435 MB that way, against ~210 MB of its own)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):  # not Linux
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ------------------------------------------------------------------------------------------------ artifacts
@@ -177,11 +184,14 @@ def job_ct2(a: dict) -> dict:
     if a.get("ct2_site"):
         sys.path.append(a["ct2_site"])
     import ctranslate2
+    import sentencepiece
 
-    from nmt_cli.checkpoints import format as checkpoint
-
-    sp = checkpoint.load(a["checkpoint"]).tokenizer_obj().sp
-    model_dir = convert_to_ct2(Path(a["checkpoint"]), Path(a["ct2_dir"]))
+    # neither torch nor the nmt checkpoint in this process (its peak memory is CTranslate2's alone): the parent
+    # converted the model, and the export holds the tokenizer
+    model_dir = Path(a["ct2_dir"])
+    if (model_dir / "source.spm").exists():
+        raise SystemExit("separate source and target vocabularies: not measured here")
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
     lines = read_lines(Path(a["input"]), a.get("n"))
     device = a.get("device", "cpu")
     compute_type, *flags = a["compute_type"].split("-")  # "float32-streams": inter_threads 2, as nmt's 2 streams
@@ -332,6 +342,8 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
         configs.append(("fairseq", "fp32"))
     results: dict[tuple[str, str], list[dict]] = {c: [] for c in configs}
     outputs = {c: WORK / f"{name}.{c[0]}.{c[1]}.out" for c in configs}
+    if any(engine == "ct2" for engine, _ in configs):
+        convert_to_ct2(Path(ckpt), WORK / f"ct2_{name}")  # here: CTranslate2's jobs load no torch
     for _ in range(args.repeat):
         for engine, prec in configs:
             if engine == "nmt":
