@@ -114,8 +114,8 @@ def synthetic_data_dir(path: Path, vocab_size: int, n: int = 20000, seed: int = 
     # never decoded (the ids are random), but as large as the manifest says: placeholder pieces fill it
     spm = train_bpe([f"placeholder sentence number {i}" for i in range(200)], vocab_size=vocab_size,
                     symbols=[f"<x{i}>" for i in range(vocab_size - 40)])
-    if Tokenizer(spm).vocab_size != vocab_size:
-        raise SystemExit(f"the synthetic tokenizer has {Tokenizer(spm).vocab_size} pieces, not {vocab_size}")
+    if (pieces := Tokenizer(spm).vocab_size) != vocab_size:
+        raise SystemExit(f"the synthetic tokenizer has {pieces} pieces, not {vocab_size}")
     (path / SPM_MODEL).write_bytes(spm)
     splits = {}
     for split, count in (("train", n), ("valid", 200)):

@@ -187,7 +187,8 @@ def job_ct2(a: dict) -> dict:
     import sentencepiece
 
     # neither torch nor the nmt checkpoint in this process (its peak memory is CTranslate2's alone): the parent
-    # converted the model, and the export holds the tokenizer
+    # converted the model, and the export holds the tokenizer (nmt_cli.export.ctranslate2.SPM_FILE, or source.spm
+    # and target.spm; that module imports torch, so the names are written out here)
     model_dir = Path(a["ct2_dir"])
     if (model_dir / "source.spm").exists():
         raise SystemExit("separate source and target vocabularies: not measured here")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from nmt_cli.training import loop as loop_mod
@@ -110,3 +112,17 @@ def train_as_nccl(rank: int, world_size: int, init_method: str, plan, results) -
                 setattr(module, name, recording(name, getattr(module, name)))
     result = run_process(plan, rank, rank, init_method)
     results.put((rank, asked, made, result.step, result.stopped_by, result.ranks_agree))
+
+
+def cli_args(data_dir, run, *extra) -> list:
+    """`nmt train` on a tiny model (one layer, d_model 32), fp32 unless `extra` says otherwise (the last value wins)."""
+    return ["train", data_dir, "-o", run, "--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--layers", "1",
+            "--max-tokens", "256", "--update-freq", "1", "--warmup", "10", "--precision", "fp32", *extra]
+
+
+def torchrun(nproc: int) -> list[str]:
+    """The command that starts `nproc` processes on this machine as torchrun does (a free port for its store)."""
+    from nmt_cli.training.spawn import free_port
+
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import toy_pairs
-from helpers_train import poison_loss
+from helpers_train import cli_args, poison_loss, torchrun
 from helpers_translate import make_checkpoint, tiny_config
 from nmt_cli.checkpoints.format import load
 from nmt_cli.decoding import SearchConfig, beam_search, decode_batches
@@ -262,15 +262,10 @@ def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, ba
 def test_torchrun_one_gpu_compiled_trains_validates_and_scores(toy_data_dir, tmp_path):
     """`torchrun --nproc-per-node 1 nmt train --compile --valid-bleu` on one GPU: torchrun's environment, the compiled
     model, validation with BLEU and the checkpoints, end to end."""
-    from nmt_cli.training.spawn import free_port
-
     run = tmp_path / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    args = ["train", str(toy_data_dir), "-o", str(run), "--preset", "tiny", "--d-model", "32", "--d-ff", "64",
-            "--layers", "1", "--max-tokens", "256", "--warmup", "10", "--precision", "bf16", "--compile",
-            "--max-steps", "30", "--save-every", "15", "--valid-bleu", "--log-every", "5"]
-    proc = subprocess.run([*torchrun, "-m", "nmt_cli.cli", *args], capture_output=True, text=True, timeout=600)
+    args = map(str, cli_args(toy_data_dir, run, "--precision", "bf16", "--compile", "--max-steps", "30",
+                             "--save-every", "15", "--valid-bleu", "--log-every", "5"))
+    proc = subprocess.run([*torchrun(1), "-m", "nmt_cli.cli", *args], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     config = json.loads((run / "config.json").read_text())
     assert (config["device"], config["precision"]) == ("cuda", "bf16")

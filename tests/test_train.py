@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers_train import poison_loss
+from helpers_train import cli_args as _cli_args
+from helpers_train import poison_loss, torchrun
 from nmt_cli.checkpoints.averaging import fewer_message, periodic_checkpoints
 from nmt_cli.checkpoints.format import load
 from nmt_cli.data.store import collate
@@ -560,14 +561,10 @@ def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(toy_data_dir, tmp_p
     (here 6 s) rank 0's watchdog names it in one line, kills it (it runs on this machine: stopped, it would hold
     torchrun's SIGTERM for torchrun's 30 s grace period) and exits 1, instead of waiting for the process group's
     timeout; the run ends non-zero well before torchrun's grace period would have passed."""
-    from nmt_cli.training.spawn import free_port
-
     run = tmp_path / "run"
     args = map(str, _cli_args(toy_data_dir, run, "--max-steps", "100000", "--threads", "1", "--dist-timeout", "0.1",
                               "--log-every", "1", *(["--cpu-procs", "2"] if launcher == "cpu-procs" else ["--gpus", "0"])))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
-    proc = subprocess.Popen([*([sys.executable] if launcher == "cpu-procs" else torchrun), "-m", "nmt_cli.cli",
+    proc = subprocess.Popen([*([sys.executable] if launcher == "cpu-procs" else torchrun(2)), "-m", "nmt_cli.cli",
                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank1 = None
     try:
@@ -625,21 +622,17 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights
     torchrun restarts both ranks, the run resumes at update 20 and ends at 60 with the weights of an uninterrupted
     run (CPU, fp32: deterministic). torchrun names the dead rank itself and stops the other with SIGTERM at once:
     no traceback."""
-    from nmt_cli.training.spawn import free_port
-
-    def torchrun(run, port):
+    def start(run):
         args = _cli_args(toy_data_dir, run, "--max-steps", "60", "--save-every", "20", "--threads", "1",
                          "--log-every", "1", "--gpus", "0")
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "2",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", "nmt_cli.cli",
-               *map(str, args)]
+        cmd = [*torchrun(2), "--max-restarts", "2", "-m", "nmt_cli.cli", *map(str, args)]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    straight = torchrun(tmp_path / "straight", free_port())
+    straight = start(tmp_path / "straight")
     _, err = straight.communicate(timeout=600)
     assert straight.returncode == 0, err
     run = tmp_path / "killed"
-    proc = torchrun(run, free_port())
+    proc = start(run)
     try:
         _wait_for(lambda: (run / "checkpoint_20.pt").exists() and _updates(run) >= 22, 300, "update 22")
         rank0 = next(pid for pid, _, env in _children(proc.pid) if env.get("RANK") == "0")
@@ -773,11 +766,6 @@ print(len(calls), all(p.grad is not None for p in module.parameters()))
 
 
 # ---- the command line -----------------------------------------------------------------------------------------
-
-def _cli_args(data_dir, run, *extra):
-    return ["train", data_dir, "-o", run, "--preset", "tiny", "--d-model", "32", "--d-ff", "64", "--layers", "1",
-            "--max-tokens", "256", "--update-freq", "1", "--warmup", "10", "--precision", "fp32", *extra]
-
 
 @pytest.mark.parametrize("extra, message", [
     (["--precision", "fp16", "--gpus", "0"], "fp16"),
