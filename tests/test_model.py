@@ -1,6 +1,8 @@
 """The shared Transformer core: masks, cache, positions, parameter counts, loss."""
 
 import math
+import os
+import weakref
 
 import pytest
 import torch
@@ -106,6 +108,63 @@ def test_cache_grows_past_its_initial_capacity(static):
 
 
 @pytest.mark.parametrize("static", [False, True])
+@torch.inference_mode()  # as decoding runs (outside it, autograd would keep every old buffer alive)
+def test_growing_or_merging_the_cache_holds_one_layer_twice_at_most(static, monkeypatch):
+    """One keys-and-values buffer a layer, each old one freed before the next new one is made: at a bucket boundary
+    (and when a join needs a new buffer) the cache holds its new size plus one layer, never its old and new sizes
+    together, which would set decoding's peak memory (docs/results-history.md#one-buffer-a-layer)."""
+    made: list = []  # weak references to every keys-and-values buffer made
+    peaks: list[tuple[int, int]] = []  # at each new buffer: (bytes of the buffers alive with it, its own bytes)
+    new = cache_module.Segment._new
+
+    def tracked(self, shape):
+        buffer = new(self, shape)
+        alive = sum(b.numel() * b.element_size() for b in (ref() for ref in made) if b is not None)
+        peaks.append((alive + buffer.numel() * buffer.element_size(), buffer.numel() * buffer.element_size()))
+        made.append(weakref.ref(buffer))
+        return buffer
+
+    monkeypatch.setattr(cache_module.Segment, "_new", tracked)
+    model = tiny_model()
+    layers = model.config.decoder_layers
+    src, tgt = batch(b=2, t=40)
+    mask = torch.zeros_like(src, dtype=torch.bool)
+    cache = encode_batch(model, src, mask, static)
+    _steps(model, cache, tgt[:, :20])  # buckets 16 -> 32
+    grown = peaks[layers:]
+    assert len(grown) == layers
+    final = sum(size for _, size in grown)
+    assert max(alive for alive, _ in grown) <= final + final // (2 * layers)  # + one old (half-size) layer
+    peaks.clear()
+    joining = encode_batch(model, src[:1], mask[:1], static)
+    _steps(model, joining, tgt[:1, :18])  # two positions behind: merges, into a new buffer (no room for 3)
+    cache.join(joining)
+    assert len(cache.segments) == 1 and cache.segments[0].sentences == 3
+    merged = peaks[-layers:]
+    one_layer = max(size for _, size in merged)
+    assert max(alive for alive, _ in merged) <= sum(size for _, size in merged) + 2 * one_layer
+
+
+def _resident_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads resident memory from Linux's /proc")
+def test_a_mapped_cache_buffer_takes_memory_where_written_and_gives_it_all_back():
+    """CPU keys-and-values buffers from MAPPED_BYTES on: the capacity past the positions written takes no memory,
+    and freeing one returns all of it (a C-heap buffer may stay with the process)."""
+    before = _resident_mb()
+    x = cache_module.mapped((64, 1 << 18), torch.float32)  # 64 MiB
+    assert _resident_mb() - before < 8
+    x[:32].fill_(1.0)  # half of it written
+    written = _resident_mb()
+    assert 24 < written - before < 44
+    del x
+    assert _resident_mb() < written - 24
+
+
+@pytest.mark.parametrize("static", [False, True])
 def test_beams_share_encoder_keys_and_equal_full_forward(static):
     """repeat_beams keeps one cross-attention k/v per sentence (beams folded into the queries), with the same
     results as giving every row its own copy; beam moves and dropped sentences stay exact. Beam moves move only the
@@ -125,11 +184,13 @@ def test_beams_share_encoder_keys_and_equal_full_forward(static):
     out = _steps(model, cache, tgt_rows[:, :3])
     torch.testing.assert_close(out, model(src[rows], tgt_rows[:, :3], mask[rows]), atol=1e-5, rtol=1e-5)
 
-    filled = seg.kv[..., : seg.length, :, :]  # (the exact layout leaves the positions past them unset)
-    address, slots_address, kv = seg.kv.data_ptr(), seg.slots.data_ptr(), filled.clone()
+    def filled():  # (the exact layout leaves the positions past them unset)
+        return torch.stack([kv[:, :, :, : seg.length] for kv in seg.kv])
+
+    address, slots_address, kv = [kv.data_ptr() for kv in seg.kv], seg.slots.data_ptr(), filled()
     beams_only = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentences
     cache.reorder(beams_only)
-    assert seg.kv.data_ptr() == address and torch.equal(filled, kv)
+    assert [kv.data_ptr() for kv in seg.kv] == address and torch.equal(filled(), kv)
     assert (seg.slots.data_ptr() == slots_address) == static
     assert seg.slots[:, :3].tolist() == [[1] * 3, [1] * 3, [0] * 3, [1] * 3, [1] * 3, [0] * 3]
     hist = tgt_rows[beams_only]
@@ -217,11 +278,11 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
     rows, moved, kv_moved = keep, [], []
     for joining in (4, 5, 6):  # one sentence joins, merges (its first step inside the running segment), steps
         one = slice(joining, joining + 1)
-        kv_address = seg.kv.data_ptr()
+        kv_address = seg.kv[0].data_ptr()
         cache.join(encode_batch(model, src[one], mask[one]))
         assert len(cache.segments) == 1
         moved.append(seg.cross.data_ptr() != address)
-        kv_moved.append(seg.kv.data_ptr() != kv_address)
+        kv_moved.append(seg.kv[0].data_ptr() != kv_address)
         address = seg.cross.data_ptr()
         rows = rows + [joining]
         out = model.step(torch.stack([tgt[r, seg.length - o] for r, o in zip(rows, seg.offsets, strict=True)]), cache)

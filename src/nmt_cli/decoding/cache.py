@@ -1,8 +1,10 @@
 """The decoder cache: the interface the search uses (`Cache`), and its one implementation (`DecoderCache`).
 
 A `DecoderCache` holds `Segment`s in row order, each with its own positions and source. A segment keeps
-  - every decoder layer's self-attention keys and values in one buffer `kv` [L, 2, N, H, C, B, K]: sentence-major,
-    one slot per beam (B), each row writing its new position into its own slot;
+  - each decoder layer's self-attention keys and values in a buffer of its own, `kv[layer]` [2, N, H, C, B, K]:
+    sentence-major, one slot per beam (B), each row writing its new position into its own slot. One buffer a layer,
+    so that growing or moving them holds one layer twice at a time, not the whole cache (the peak of decoding's
+    memory; docs/results-history.md#one-buffer-a-layer);
   - beam search's slot table `slots` [R, C]: for each row and position, the slot holding its ancestor's keys and
     values. A beam reorder moves only this table, never the keys and values: a row attends over all B slots of its
     sentence (the beams fold into the query dimension), the slots not its ancestor's masked (`self_mask`), which
@@ -30,6 +32,8 @@ rounded up to CROSS_SOURCES), so a server's step copies only the few sentences t
 
 from __future__ import annotations
 
+import math
+import mmap
 from typing import Protocol
 
 import torch
@@ -42,6 +46,7 @@ BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # while those run); merging everything was slower: docs/results-history.md#the-decoder-cache-slot-tables-merging-copies.
 MERGE_GAP = 4
 CROSS_SOURCES = 16  # a merged segment's room for sources: their count rounded up to a multiple of this
+MAPPED_BYTES = 16 << 20  # CPU keys-and-values buffers from this size on are `mapped`
 
 
 class Cache(Protocol):
@@ -84,8 +89,8 @@ class Segment:
         self.beams = 1
         self.length = 0  # positions decoded (host)
         self.pos = torch.zeros(1, dtype=torch.long, device=cross.device)  # the same, on the device
-        self.kv: Tensor | None = None  # [L, 2, N, H, C, B, K], positions [0, length) filled
-        self._kv_room: Tensor | None = None  # the buffer `kv` is the leading [:, :, :N] part of
+        self.kv: list[Tensor] | None = None  # per layer [2, N, H, C, B, K], positions [0, length) filled
+        self._kv_room: list[Tensor] | None = None  # per layer, the buffer its `kv` is the leading [:, :N] part of
         self.slots: Tensor | None = None  # beams > 1: [R, C] the slot of each row's ancestor at each position
         self._own: Tensor | None = None  # beams > 1: [R] each row's own slot (the one it writes)
         self._arange: Tensor | None = None  # static layout: [C] position indices, for the mask
@@ -113,11 +118,12 @@ class Segment:
 
     @property
     def capacity(self) -> int:
-        return self.kv.size(4)
+        return self.kv[0].size(3)
 
     def key(self) -> tuple:
         """The addresses, shapes and strides of the buffers a step reads and writes (Cache.key)."""
-        return layout_key(self.kv, self.cross, self.pad, self.pos, self.slots, self._own, self._arange, self._row_start)
+        return layout_key(*(self.kv or [None]), self.cross, self.pad, self.pos, self.slots, self._own, self._arange,
+                          self._row_start)
 
     def write(self, layer: int, new: Tensor) -> None:
         """Write one layer's new keys and values new [2, N, H, B, K] (each row into its own slot) at the position: by
@@ -186,14 +192,20 @@ class Segment:
             self._own = torch.arange(self.beams, device=self.cross.device).repeat(self.sentences)
 
     def _grow(self, capacity: int, drop: int = 0) -> None:
-        """New buffers of `capacity` positions, the filled ones copied (those from column `drop` on, to column 0)."""
+        """New buffers of `capacity` positions, the filled ones copied (those from column `drop` on, to column 0), a
+        layer at a time: each old buffer goes before the next new one is made."""
         layers, _, n, heads, _, d_k = self.cross.shape
-        room = self._new((layers, 2, n if self._kv_room is None else self._kv_room.size(2), heads, capacity,
-                          self.beams, d_k))
-        kv, kept = room.narrow(2, 0, n), self.length - drop
-        if self.kv is not None and kept:
-            kv[..., :kept, :, :] = self.kv[..., drop : self.length, :, :]
-        self.kv, self._kv_room = kv, room
+        sentences = n if self._kv_room is None else self._kv_room[0].size(1)
+        old, old_room, kept = self.kv, self._kv_room, self.length - drop
+        self.kv, self._kv_room = [], []
+        for layer in range(layers):
+            room = self._new((2, sentences, heads, capacity, self.beams, d_k))
+            if old is not None:
+                if kept:
+                    room[:, :n, :, :kept] = old[layer][:, :, :, drop : self.length]
+                old[layer] = old_room[layer] = None
+            self.kv.append(room.narrow(1, 0, n))  # (a view made after the copy: autograd, in tests, needs that)
+            self._kv_room.append(room)
         if self.beams > 1:
             slots = torch.zeros((self.rows, capacity), dtype=torch.long, device=self.cross.device)
             if self.slots is not None and kept:
@@ -205,8 +217,13 @@ class Segment:
     def _new(self, shape: list[int] | tuple[int, ...]) -> Tensor:
         """A keys-and-values buffer: zeros in the static layout, which reads every position (masked ones must hold
         no NaN: 0 x NaN is NaN); uninitialised in the exact one, which reads only positions written (or zeroed:
-        `merge`, `repeat_beams`), and where zeroing a buffer would cost decoding time for nothing."""
-        return self.cross.new_zeros(shape) if self.static else self.cross.new_empty(shape)
+        `merge`, `repeat_beams`), and where zeroing a buffer would cost decoding time for nothing. On CPU a large
+        one has pages of its own (`mapped`)."""
+        if self.static:
+            return self.cross.new_zeros(shape)
+        if self.cross.device.type == "cpu" and math.prod(shape) * self.cross.element_size() >= MAPPED_BYTES:
+            return mapped(shape, self.cross.dtype)
+        return self.cross.new_empty(shape)
 
     def advance(self, host: bool = True, device: bool = True) -> None:
         """After a step: one position more, on the host (`length`) and on the device (`pos`; a CUDA graph's step
@@ -224,8 +241,9 @@ class Segment:
         drop = 0
         if sentences is not None:
             self.cross, self._room = _keep(self.cross, self._room, sentences, kept)
-            if self.kv is not None:
-                self.kv, self._kv_room = _keep(self.kv, self._kv_room, sentences, kept, self.length)
+            for layer in range(len(self.kv or ())):  # (a layer at a time: see _grow)
+                self.kv[layer], self._kv_room[layer] = _keep(self.kv[layer], self._kv_room[layer], sentences, kept,
+                                                             self.length, dim=1)
             self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
             if self.offsets is not None:
                 offsets = [self.offsets[i] for i in (kept if kept is not None else sentences.tolist())]
@@ -251,23 +269,27 @@ class Segment:
         offsets += [o + shifts[1] for o in other.offsets or [0] * other.sentences]
         n, m = self.sentences, other.sentences
         capacity = max(self.capacity, other.capacity if other.kv is not None else 0)
-        room = self._kv_room
-        if not shifts[0] and room.size(2) >= n + m and self.capacity == capacity:
+        if not shifts[0] and self._kv_room[0].size(1) >= n + m and self.capacity == capacity:
             parts = [(other, shifts[1], n)]  # into the room: this segment's keys and values stay where they are
         else:
-            shape = list(room.shape)
-            shape[2], shape[4] = n + m + (n + m) // 2, capacity
-            room = self._new(shape)
             parts = [(self, shifts[0], 0), (other, shifts[1], n)]
-        kv = room.narrow(2, 0, n + m)
-        for seg, shift, first in parts:
-            part = kv.narrow(2, first, seg.sentences)
-            if shift:
-                part[..., :shift, :, :].zero_()  # columns masked, and never NaN: 0 x garbage would be
-            if seg.length:
-                part[..., shift:length, :, :] = seg.kv[..., : seg.length, :, :]
+        kv_layers, rooms = [], []
+        for layer, room in enumerate(self._kv_room):  # a layer at a time (see _grow)
+            if len(parts) == 2:
+                shape = list(room.shape)
+                shape[1], shape[3] = n + m + (n + m) // 2, capacity
+                room = self._new(shape)
+            for seg, shift, first in parts:
+                part = room.narrow(1, first, seg.sentences)
+                if shift:
+                    part[:, :, :, :shift].zero_()  # columns masked, and never NaN: 0 x garbage would be
+                if seg.length:
+                    part[:, :, :, shift:length] = seg.kv[layer][:, :, :, : seg.length]
+                    seg.kv[layer] = seg._kv_room[layer] = None  # (this layer copied: its old buffer goes)
+            kv_layers.append(room.narrow(1, 0, n + m))  # (made after the copies, as in _grow)
+            rooms.append(room)
         if self.beams > 1:
-            slots = torch.zeros((self.rows + other.rows, capacity), dtype=torch.long, device=kv.device)
+            slots = torch.zeros((self.rows + other.rows, capacity), dtype=torch.long, device=self.cross.device)
             for seg, shift, first in ((self, shifts[0], 0), (other, shifts[1], self.rows)):
                 if seg.length:
                     slots[first : first + seg.rows, shift:length] = seg.slots[:, : seg.length]
@@ -279,7 +301,7 @@ class Segment:
             pad = torch.cat([_source_pad(self, sources), _source_pad(other, sources)])
         self._join_cross(other.cross, sources)
         self._set_pad(pad)
-        self.kv, self._kv_room = kv, room
+        self.kv, self._kv_room = kv_layers, rooms
         self.length = length
         self.pos.fill_(length)
         self.offsets = offsets if any(offsets) else None
@@ -394,22 +416,22 @@ def _fill_holes(kept: list[int]) -> list[int]:
 
 
 def _keep(view: Tensor, room: Tensor, sentences: Tensor, kept: list[int] | None,
-          filled: int | None = None) -> tuple[Tensor, Tensor]:
-    """Keep the sentences `sentences` (their host list `kept`) of `view` [L, 2, N, ...], the leading part of `room`
-    along dimension 2 -> (the kept view, its room): in place when only sentences from past the kept count fill holes
-    (`order`; the first `filled` positions of dimension 4 copied, all when None), else by a gather; by a gather too
-    when the room holds more than 4x what the kept sentences read (a burst of joins does not pin its memory for as
-    long as a server's segment lives)."""
+          filled: int | None = None, dim: int = 2) -> tuple[Tensor, Tensor]:
+    """Keep the sentences `sentences` (their host list `kept`) of `view` (sentences along `dim`, positions along
+    `dim` + 2), the leading part of `room` along `dim` -> (the kept view, its room): in place when only sentences
+    from past the kept count fill holes (`order`; the first `filled` positions copied, all when None), else by a
+    gather; by a gather too when the room holds more than 4x what the kept sentences read (a burst of joins does not
+    pin its memory for as long as a server's segment lives)."""
     n = len(kept) if kept is not None else -1
     if (n < 0 or any(k != i and k < n for i, k in enumerate(kept))
-            or 4 * n * view[0, 0, 0].numel() < room.size(2) * room[0, 0, 0].numel()):
-        out = view.index_select(2, sentences)
+            or 4 * n * view.select(dim, 0).numel() < room.size(dim) * room.select(dim, 0).numel()):
+        out = view.index_select(dim, sentences)
         return out, out
-    part = view if filled is None else view.narrow(4, 0, filled)
+    part = view if filled is None else view.narrow(dim + 2, 0, filled)
     for i, k in enumerate(kept):
         if k != i:  # one copy a hole: faster than index_copy_ for the one or two of a server's step
-            part[:, :, i].copy_(part[:, :, k])
-    return view.narrow(2, 0, n), room
+            part.select(dim, i).copy_(part.select(dim, k))
+    return view.narrow(dim, 0, n), room
 
 
 def _source_pad(seg: Segment, sources: int) -> Tensor:
@@ -417,6 +439,15 @@ def _source_pad(seg: Segment, sources: int) -> Tensor:
     n, s = seg.sentences, seg.cross.size(4)
     pad = seg.src_pad if seg.src_pad is not None else torch.zeros(n, s, dtype=torch.bool, device=seg.cross.device)
     return pad if s == sources else torch.cat([pad, pad.new_ones(n, sources - s)], dim=1)
+
+
+def mapped(shape: list[int] | tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """An uninitialised CPU tensor in an anonymous memory mapping of its own: its pages take memory only once
+    written (the positions past the filled ones take none), and all of it goes back to the system when the tensor
+    goes. A buffer from the C heap may instead land in memory freed earlier and already resident (its unwritten
+    part counted too), and on freeing stay with the process when smaller than glibc's mapping threshold (which
+    rises to 32 MB as buffers are freed). docs/results-history.md#one-buffer-a-layer."""
+    return torch.frombuffer(mmap.mmap(-1, math.prod(shape) * dtype.itemsize), dtype=dtype).view(shape)
 
 
 def _bucket(n: int) -> int:

@@ -254,6 +254,10 @@ class Translator:
             from nmt_cli.inference.int8 import quantize_int8
 
             models = [quantize_int8(m) for m in models]
+        if self.device.type == "cpu" and (precision == "int8" or onednn):
+            from nmt_cli.inference import allocator
+
+            allocator.give_back()  # the float32 weights just replaced: their heap memory to the system, not kept
         self.model = models[0] if len(models) == 1 else Ensemble(models)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)
