@@ -148,7 +148,7 @@ def test_cached_decoding_equals_uncached_on_cuda(beam, static, no_tf32):
             assert x.score == pytest.approx(y.score, abs=1e-4)
 
 
-# attention as five operations (the default) or through SDPA (decoding.step.SDPA_DECODING); the best candidates
+# attention as five operations (the default) or through SDPA (decoding.attention.SDPA_DECODING); the best candidates
 # by a topk over each beam's vocabulary (the default) or by blocks of it (decoding.beam.BLOCK_DEVICES)
 @pytest.mark.parametrize("variant", ["default", "sdpa", "blocks"])
 @pytest.mark.parametrize("options", [dict(beam=4, nbest=2), dict(beam=1), dict(beam=4, stop="top", min_len=2)])
@@ -156,11 +156,11 @@ def test_cuda_graph_decoding_equals_eager_and_syncs_only_at_host_checks(options,
     """The steps replayed as CUDA graphs (decoding/graphs.py) give the eager static engine's hypotheses and
     scores, batches joining; every step between two host checks runs under set_sync_debug_mode("error") (any host
     sync raises); the graphs were recorded and replayed, and recording never failed."""
+    from nmt_cli.decoding import attention as decoding_attention
     from nmt_cli.decoding import beam as decoding_beam
-    from nmt_cli.decoding import step as decoding_step
     from nmt_cli.decoding.graphs import StepGraphs
 
-    monkeypatch.setattr(decoding_step, "SDPA_DECODING", variant == "sdpa")
+    monkeypatch.setattr(decoding_attention, "SDPA_DECODING", variant == "sdpa")
     monkeypatch.setattr(decoding_beam, "BLOCK_DEVICES", ("cpu", "cuda") if variant == "blocks" else ("cpu",))
     model = _tiny_model(vocab_size=256 if variant == "blocks" else 64).cuda()  # blocks: V >= 16 x 2K
     src, mask = _sources("cuda", n=24)

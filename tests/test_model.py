@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from nmt_cli.config import PRESETS, ModelConfig, preset
 from nmt_cli.decoding import cache as cache_module
+from nmt_cli.decoding import layout as layout_module
+from nmt_cli.decoding.attention import attend
 from nmt_cli.decoding.scheduler import encode_batch
-from nmt_cli.decoding.step import attend
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import Transformer, sinusoidal_positions
 from nmt_cli.training.loss import label_smoothed_cross_entropy
@@ -155,7 +156,7 @@ def test_a_mapped_cache_buffer_takes_memory_where_written_and_gives_it_all_back(
     """CPU keys-and-values buffers from MAPPED_BYTES on: the capacity past the positions written takes no memory,
     and freeing one returns all of it (a C-heap buffer may stay with the process)."""
     before = _resident_mb()
-    x = cache_module.mapped((64, 1 << 18), torch.float32)  # 64 MiB
+    x = layout_module.mapped((64, 1 << 18), torch.float32)  # 64 MiB
     assert _resident_mb() - before < 8
     x[:32].fill_(1.0)  # half of it written
     written = _resident_mb()
@@ -187,12 +188,12 @@ def test_beams_share_encoder_keys_and_equal_full_forward(static):
     def filled():  # (the exact layout leaves the positions past them unset)
         return torch.stack([kv[:, :, :, : seg.length] for kv in seg.kv])
 
-    address, slots_address, kv = [kv.data_ptr() for kv in seg.kv], seg.slots.data_ptr(), filled()
+    address, slots_address, kv = [kv.data_ptr() for kv in seg.kv], seg.slots.table.data_ptr(), filled()
     beams_only = torch.tensor([1, 1, 2, 3, 5, 4])  # beams move within their sentences
     cache.reorder(beams_only)
     assert [kv.data_ptr() for kv in seg.kv] == address and torch.equal(filled(), kv)
-    assert (seg.slots.data_ptr() == slots_address) == static
-    assert seg.slots[:, :3].tolist() == [[1] * 3, [1] * 3, [0] * 3, [1] * 3, [1] * 3, [0] * 3]
+    assert (seg.slots.table.data_ptr() == slots_address) == static
+    assert seg.slots.table[:, :3].tolist() == [[1] * 3, [1] * 3, [0] * 3, [1] * 3, [1] * 3, [0] * 3]
     hist = tgt_rows[beams_only]
     step = model.step(hist[:, 3], cache)
     torch.testing.assert_close(step, model(src[rows], hist[:, :4], mask[rows])[:, 3], atol=1e-5, rtol=1e-5)
@@ -242,7 +243,7 @@ def test_merged_segments_decode_with_their_own_positions_and_drop_columns_nobody
     assert len(cache.segments) == 1
     model.step(torch.cat([tgt[:2, 3], tgt[2:, 0]]), cache)  # the joined batch's first step
     seg = cache.segments[0]
-    assert seg.offsets == [0, 0, 3, 3] and seg.length == 4 and seg.cross.size(4) == 7  # sources padded to 7
+    assert seg.offsets.starts == [0, 0, 3, 3] and seg.length == 4 and seg.cross.size(4) == 7  # sources padded to 7
     for i in range(1, 4):
         out = model.step(torch.cat([tgt[:2, 3 + i], tgt[2:, i]]), cache)
         torch.testing.assert_close(out[:2], model(src[:2], tgt[:2, : 4 + i])[:, 3 + i], atol=1e-5, rtol=1e-5)
@@ -285,7 +286,7 @@ def test_leaving_sentences_move_only_those_that_fill_their_holes_and_joins_use_t
         kv_moved.append(seg.kv[0].data_ptr() != kv_address)
         address = seg.cross.data_ptr()
         rows = rows + [joining]
-        out = model.step(torch.stack([tgt[r, seg.length - o] for r, o in zip(rows, seg.offsets, strict=True)]), cache)
+        out = model.step(torch.stack([tgt[r, seg.length - o] for r, o in zip(rows, seg.offsets.starts, strict=True)]), cache)
     assert moved == [False, True, False]  # the leaver's slot; a new buffer with room; that room
     assert kv_moved == [False, True, False]  # likewise
     torch.testing.assert_close(out[-3], model(src[4:5], tgt[4:5, :3], mask[4:5])[0, 2], atol=1e-5, rtol=1e-5)

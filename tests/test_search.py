@@ -549,17 +549,17 @@ def test_a_search_through_the_compiled_static_step_equals_the_eager_one(beam):
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("beam", [1, 4])
 def test_attention_through_sdpa_gives_the_same_search(beam, static, monkeypatch):
-    """decoding.step.SDPA_DECODING (decoding's attention as one scaled_dot_product_attention call, for GPUs to measure):
+    """decoding.attention.SDPA_DECODING (decoding's attention as one scaled_dot_product_attention call, for GPUs to measure):
     the same hypotheses and, to rounding, the same scores as the five-operation attention, with beams folded into
     cross-attention's queries, joined batches, and the static layout's masked columns."""
-    from nmt_cli.decoding import step as decoding_step
+    from nmt_cli.decoding import attention as decoding_attention
 
     model = tiny(seed=21)
     src, mask, _ = mixed_batch(16, seed=22)
     cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=10)
     batches = [(src[:8], mask[:8]), (src[8:], mask[8:])]
     plain = decode_batches(model, batches, cfg, static=static)
-    monkeypatch.setattr(decoding_step, "SDPA_DECODING", True)
+    monkeypatch.setattr(decoding_attention, "SDPA_DECODING", True)
     sdpa = decode_batches(model, batches, cfg, static=static)
     for a, b in zip(sum(plain, []), sum(sdpa, []), strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
@@ -713,6 +713,11 @@ def test_the_graphed_step_gives_the_eager_outputs(options, check_every):
     assert 1 <= graphs.recorded < graphs.replayed
 
 
+def _pieces(seg) -> list:
+    """A cache segment and the pieces it composes (its layout, beam slots and row offsets, where present)."""
+    return [seg, *(piece for piece in (seg.layout, seg.slots, seg.offsets) if piece is not None)]
+
+
 def _every_tensor(*objects) -> tuple:
     """The address, shape and strides of every tensor among `objects`' attributes (the reference for graph keys)."""
     parts: list = []
@@ -738,8 +743,9 @@ def test_graph_keys_change_whenever_any_tensor_of_the_state_or_cache_does(option
 
     def checked(state, cache, cfg, search):
         key = real_key(state, cache, cfg, search)
-        reference = _every_tensor(state, *cache.segments)
-        for obj, own in ((state, state.key()), *((seg, seg.key()) for seg in cache.segments)):
+        reference = _every_tensor(state, *(part for seg in cache.segments for part in _pieces(seg)))
+        owned = [(state, state.key()), *((part, seg.key()) for seg in cache.segments for part in _pieces(seg))]
+        for obj, own in owned:
             for name, value in vars(obj).items():  # every tensor a step may read is in its owner's key
                 for x in value if isinstance(value, list) else [value]:  # (kv: one tensor a layer)
                     if isinstance(x, torch.Tensor) and name not in ("_room", "_kv_room", "src_pad"):

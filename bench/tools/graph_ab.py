@@ -1,6 +1,6 @@
 """nmt's GPU decoding with and without CUDA graphs, alternated in one process (base shape, random weights, fp16,
 beam 4, newstest2014 sources, every output 32 tokens): sentences/s and the graphs' counts. Graphs three times: as
-they are; with the attention through SDPA (decoding.step.SDPA_DECODING: one kernel instead of five); with the best
+they are; with the attention through SDPA (decoding.attention.SDPA_DECODING: one kernel instead of five); with the best
 candidates found by blocks of the vocabulary, as on CPU (decoding.beam.BLOCK_DEVICES), instead of a topk over
 each beam's whole vocabulary. (Until 2026-11-26 beam reorders gathered the cache, in place or into spare buffers;
 they now move a slot table, decoding/cache.py: run this script on both commits to compare.)
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from nmt_cli.config import ModelConfig  # noqa: E402
 from nmt_cli.decoding import SearchConfig, decode_batches  # noqa: E402
+from nmt_cli.decoding import attention as decoding_attention  # noqa: E402
 from nmt_cli.decoding import beam as decoding_beam  # noqa: E402
-from nmt_cli.decoding import step as decoding_step  # noqa: E402
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs  # noqa: E402
 from nmt_cli.model import Transformer, avoid_cudnn_attention  # noqa: E402
 
@@ -74,7 +74,7 @@ def main() -> None:
     outputs = {}
     for r in range(args.rounds):
         for name, options in modes.items():
-            decoding_step.SDPA_DECODING = name == "graphs, sdpa"  # attention: one SDPA call or five operations
+            decoding_attention.SDPA_DECODING = name == "graphs, sdpa"  # attention: one SDPA call or five operations
             # the best candidates: a topk over each beam's vocabulary, or blocks of it (as on CPU)
             decoding_beam.BLOCK_DEVICES = ("cpu", "cuda") if name == "graphs, blocks" else ("cpu",)
             sync()
@@ -84,7 +84,7 @@ def main() -> None:
             outputs[name] = [h[0].tokens for batch in found for h in batch]
             s = time.perf_counter() - start
             print(f"  round {r}: {name:<15} {len(lengths) / s:8.1f} sent/s ({s:.2f} s)")
-    decoding_step.SDPA_DECODING = False
+    decoding_attention.SDPA_DECODING = False
     decoding_beam.BLOCK_DEVICES = ("cpu",)
     for name, g in (("graphs", graphs), ("graphs, sdpa", sdpa), ("graphs, blocks", blocks)):
         print(f"  {name}: {g.recorded} recorded, {g.replayed} replayed, {g.eager} eager, broken: {g.broken}")

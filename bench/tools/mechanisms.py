@@ -54,14 +54,14 @@ def gather_beams() -> None:
     the beams continue into a second buffer of the same size (no allocation a step), which then becomes the cache."""
     import torch
 
-    from nmt_cli.decoding import cache, step
+    from nmt_cli.decoding import attention, cache, layout
 
     def make_room(self) -> None:
         if self.static:
             raise SystemExit("--off slot-tables: the exact (CPU) layout only")
         if self.kv is None or self.capacity < self.length + 1:
             layers, _, _, heads, _, d_k = self.cross.shape
-            new = self.cross.new_empty((layers, 2, self.rows, heads, cache._bucket(self.length + 1), 1, d_k))
+            new = self.cross.new_empty((layers, 2, self.rows, heads, layout.bucket(self.length + 1), 1, d_k))
             if self.kv is not None and self.length:
                 new[..., : self.length, :, :] = self.kv[..., : self.length, :, :]
             self.kv = self._kv_room = new
@@ -76,24 +76,19 @@ def gather_beams() -> None:
             torch.index_select(self.kv.narrow(4, 0, self.length), 2, rows, out=out.narrow(4, 0, self.length))
             self.spare, self._kv_room, self.kv = self._kv_room, self.spare, out
 
-    def self_attention(attn, x, layer, segments, masks):
-        qkv = attn.qkv_proj.forward(x)
-        h, d_k = attn.h, attn.d_k
-
-        def one(i, seg, part, out) -> None:
-            d, r, w = part.size(1) // 3, seg.rows, seg.window
-            kv = seg.kv[layer]  # [2, R, H, C, 1, K]
-            kv.select(3, seg.length).copy_(part[:, d:].view(r, 1, 2, h, d_k).permute(2, 0, 3, 1, 4))
-            k, v = kv[0, :, :, :w].reshape(r * h, w, d_k), kv[1, :, :, :w].reshape(r * h, w, d_k)
-            step.attend(part[:, :d].reshape(r * h, 1, d_k), k, v, None, out.view(r * h, 1, d_k))
-
-        return attn.out_proj.forward(step._per_segment(qkv, x, segments, one))
+    def self_attend(self, layer, qkv, out, mask) -> None:
+        h, d_k = self.cross.size(3), self.cross.size(5)
+        d, r, w = qkv.size(1) // 3, self.rows, self.window
+        kv = self.kv[layer]  # [2, R, H, C, 1, K]
+        kv.select(3, self.length).copy_(qkv[:, d:].view(r, 1, 2, h, d_k).permute(2, 0, 3, 1, 4))
+        k, v = kv[0, :, :, :w].reshape(r * h, w, d_k), kv[1, :, :, :w].reshape(r * h, w, d_k)
+        attention.attend(qkv[:, :d].reshape(r * h, 1, d_k), k, v, None, out.view(r * h, 1, d_k))
 
     cache.Segment.make_room = make_room
     cache.Segment.reorder = reorder
     cache.Segment.self_mask = lambda self: None
+    cache.Segment.self_attend = self_attend
     cache.DecoderCache.merge = lambda self: None
-    step._self_attention = self_attention
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,9 +5,9 @@ Masks: `src_pad_mask` is a bool tensor [B, S], True at padding (as PyTorch's key
 Post-LN by default, `LayerNorm(x + Dropout(Sublayer(x)))`; `norm_first=True` gives pre-LN with a final norm.
 
 `encode()` runs the encoder; `decode()` the decoder over whole target prefixes (training, teacher forcing).
-Decoding's incremental step (`step()`, `init_cache()`, `static_step()`) lives in nmt_cli.decoding.step, next to the
-cache whose layout it reads: this module gives it the model's parts (embeddings, projections, sublayers, norms and
-the output projection) and never reads the cache.
+Decoding's incremental step (`step()`, `init_cache()`, `static_step()`) lives in nmt_cli.decoding.step: this module
+gives it what it needs by name (`embed_step`, `DecoderLayer.step`, `step_output`, `cross_keys_values`) and never reads
+the cache; the cache (nmt_cli.decoding.cache) attends over what it holds.
 """
 
 from __future__ import annotations
@@ -181,6 +181,16 @@ class DecoderLayer(nn.Module):
         x = self.sub2(x, lambda y: self.cross_attn(y, mask=memory_mask, memory=memory))
         return self.sub3(x, self.ffn)
 
+    def step(self, x: Tensor, self_attend, cross_attend) -> Tensor:
+        """One new position per row (incremental decoding), x [R, D] -> [R, D], with the attention over a decoder
+        cache given: `self_attend(qkv [R, 3D])` and `cross_attend(q [R, D])` -> the heads' outputs [R, D] before the
+        output projection (nmt_cli.decoding.cache). Modules' forward() called directly: no module calls, no hooks."""
+        sa, ca = self.self_attn, self.cross_attn
+        x = self.sub1.forward(x, lambda y: sa.out_proj.forward(self_attend(sa.qkv_proj.forward(y))))
+        x = self.sub2.forward(x, lambda y: ca.out_proj.forward(cross_attend(ca.q_proj.forward(y))))
+        return self.sub3.forward(x, self.ffn.forward)
+
+
 class Transformer(nn.Module):
     """Encoder-decoder Transformer with one embedding matrix shared by source, target and output projection."""
 
@@ -255,6 +265,21 @@ class Transformer(nn.Module):
         """The step proper, with no host sync (nmt_cli.decoding.step.static_step): what `compile_step` and CUDA
         graphs capture."""
         return decoding_step.static_step(self, tokens, cache)
+
+    def embed_step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """Incremental decoding's input: tokens [R] at positions [1] or [R] -> sqrt(D) * E[tokens] + PE[positions]
+        [R, D]."""
+        embedding = self.target_embedding()
+        position = self.positions.index_select(0, positions).to(embedding.weight.dtype)
+        return embedding.forward(tokens) * self.embed_scale + position
+
+    def step_output(self, x: Tensor) -> Tensor:
+        """Incremental decoding's output: the last layer's rows [R, D] -> logits [R, V]."""
+        return self.output(self.decoder_norm.forward(x))
+
+    def cross_keys_values(self, memory: Tensor) -> Tensor:
+        """Every decoder layer's encoder-decoder keys and values of memory [N, S, D] -> [L, 2, N, H, S, K]."""
+        return torch.stack([torch.stack(layer.cross_attn.project_kv(memory)) for layer in self.decoder_layers])
 
     def target_embedding(self) -> nn.Embedding:
         return getattr(self, "tgt_embed", self.embed)

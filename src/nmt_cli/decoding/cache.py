@@ -1,52 +1,47 @@
-"""The decoder cache: the interface the search uses (`Cache`), and its one implementation (`DecoderCache`).
+"""The decoder cache: the interface the search uses (`Cache`), and its implementation (`DecoderCache`), a list of
+`Segment`s in row order, each with its own positions and source. Attention over the cache is here too
+(`self_attend`, `cross_attend`): the buffers' layout is written down in this module alone, and the step (step.py)
+hands in projections and takes attention outputs back.
 
-A `DecoderCache` holds `Segment`s in row order, each with its own positions and source. A segment keeps
+A segment keeps
   - each decoder layer's self-attention keys and values in a buffer of its own, `kv[layer]` [2, N, H, C, B, K]:
     sentence-major, one slot per beam (B), each row writing its new position into its own slot. One buffer a layer,
     so that growing or moving them holds one layer twice at a time, not the whole cache (the peak of decoding's
     memory; docs/results-history.md#one-buffer-a-layer);
-  - beam search's slot table `slots` [R, C]: for each row and position, the slot holding its ancestor's keys and
-    values. A beam reorder moves only this table, never the keys and values: a row attends over all B slots of its
-    sentence (the beams fold into the query dimension), the slots not its ancestor's masked (`self_mask`), which
-    reads the same memory as attention over gathered keys, without the gather
-    (docs/results-history.md#the-decoder-cache-slot-tables-merging-copies). One row a sentence: no table;
   - the encoder-decoder keys and values `cross` [L, 2, N, H, S, K], once per sentence, and the source padding mask
-    laid out once as [N x H, 1, S].
-
-One layout: the capacity C comes from buckets (16, 32, 64, ...; new buffers, the filled positions copied, when one
-runs out), read in one of two ways. Exact (CPU eager, the default): attention reads the `length + 1` filled
-positions, a slice; a step writes by a slice. Static (`static=True`: torch.compile, CUDA graphs): attention reads
-all C positions, the unfilled ones masked; a step writes by index from the device tensor `pos`; a beam reorder
-copies the slot table in place, so every buffer keeps its address and shapes change only with the bucket.
-`make_room` and `advance` are the host's part around a step (decoding/step.py), which reads only tensors.
+    laid out once as [N x H, 1, S];
+and composes three pieces, one idea each, each absent where it has nothing to do:
+  - its `layout` (layout.py), chosen once: `Exact` (CPU eager: the filled positions, read by a slice) or `Static`
+    (torch.compile, CUDA graphs: every position, masked, written by index, every address kept);
+  - `slots` (slots.py): beam search's slot table, which slot holds each row's ancestor at each position (None for
+    one row a sentence);
+  - `offsets` (offsets.py): where each sentence's positions start in a merged segment (None when all start at 0).
 
 Joins merge (continuous batching): a joining batch becomes part of the newest segment when their lengths differ by
 at most MERGE_GAP positions, else a segment of its own; a step runs attention once per layer per segment, and a
-server's small joins would otherwise pile up segments (docs/results.md#cpu-decoding-mechanisms). Merged rows are
-right-aligned: every row's newest position is the same column, and a later starter reads from `offsets[n]` on
-(zeros before, masked); sources are padded to the longest. Columns no row reads any more are dropped when the
-first starters leave. Sentences that leave do not move the others: those past the kept count fill the holes
+server's small joins would otherwise pile up segments (docs/results.md#cpu-decoding-mechanisms). Sources are
+padded to the longest. Sentences that leave do not move the others: those past the kept count fill the holes
 (`order`), and joins write into room left in the same buffers (half as many sentences again to spare; sources
 rounded up to CROSS_SOURCES), so a server's step copies only the few sentences that come and go.
 """
 
 from __future__ import annotations
 
-import math
-import mmap
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from nmt_cli.decoding.attention import attend
 from nmt_cli.decoding.config import index_on, layout_key
+from nmt_cli.decoding.layout import Exact, Static, bucket
+from nmt_cli.decoding.offsets import Offsets
+from nmt_cli.decoding.slots import Slots
 
-BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 # A join merges within MERGE_GAP positions of the newest segment (its rows attend over older rows' columns, masked,
 # while those run); merging everything was slower: docs/results-history.md#the-decoder-cache-slot-tables-merging-copies.
 MERGE_GAP = 4
 CROSS_SOURCES = 16  # a merged segment's room for sources: their count rounded up to a multiple of this
-MAPPED_BYTES = 16 << 20  # CPU keys-and-values buffers from this size on are `mapped`
 
 
 class Cache(Protocol):
@@ -80,28 +75,30 @@ class Cache(Protocol):
 
 
 class Segment:
-    """One batch's rows in the cache (see the module docstring). cross [L, 2, N, H, S, K], src_pad [N, S] or None."""
+    """One batch's rows in the cache (see the module docstring). cross [L, 2, N, H, S, K], src_pad [N, S] or None;
+    `static`: the Static layout, else the Exact one."""
 
     def __init__(self, cross: Tensor, src_pad: Tensor | None, static: bool):
         self.cross = cross
         self._room = cross  # the buffer `cross` is the leading [:, :, :N, :, :S] part of (room to join into)
-        self.static = static
+        self.layout = Static() if static else Exact()
         self.beams = 1
         self.length = 0  # positions decoded (host)
         self.pos = torch.zeros(1, dtype=torch.long, device=cross.device)  # the same, on the device
         self.kv: list[Tensor] | None = None  # per layer [2, N, H, C, B, K], positions [0, length) filled
         self._kv_room: list[Tensor] | None = None  # per layer, the buffer its `kv` is the leading [:, :N] part of
-        self.slots: Tensor | None = None  # beams > 1: [R, C] the slot of each row's ancestor at each position
-        self._own: Tensor | None = None  # beams > 1: [R] each row's own slot (the one it writes)
-        self._arange: Tensor | None = None  # static layout: [C] position indices, for the mask
-        self.offsets: list[int] | None = None  # host, per sentence: the first column it reads (merged; None: all 0)
-        self._row_start: Tensor | None = None  # the same per row [R] on the device (made when needed)
+        self.slots: Slots | None = None  # beams > 1 (made with the first buffers)
+        self.offsets: Offsets | None = None  # merged rows that start at different columns
         self._set_pad(src_pad)
 
     def _set_pad(self, src_pad: Tensor | None) -> None:
         self.src_pad = src_pad
         heads = self.cross.size(3)
         self.pad = None if src_pad is None else src_pad.repeat_interleave(heads, 0).unsqueeze(1)  # [N*H, 1, S]
+
+    @property
+    def static(self) -> bool:
+        return self.layout.static
 
     @property
     def sentences(self) -> int:
@@ -113,83 +110,88 @@ class Segment:
 
     @property
     def window(self) -> int:
-        """Positions a step's self-attention reads: the filled ones (exact) or the capacity (static)."""
-        return self.capacity if self.static else self.length + 1
+        """Positions a step's self-attention reads (layout.py)."""
+        return self.layout.window(self.length, self.capacity)
 
     @property
     def capacity(self) -> int:
         return self.kv[0].size(3)
 
+    def tensors(self) -> list[Tensor | None]:
+        """Every tensor a step reads or writes (the pieces' too; None where a piece is absent)."""
+        return [*(self.kv or [None]), self.cross, self.pad, self.pos, *self.layout.tensors(),
+                *(self.slots.tensors() if self.slots is not None else (None, None)),
+                *(self.offsets.tensors() if self.offsets is not None else (None,))]
+
     def key(self) -> tuple:
         """The addresses, shapes and strides of the buffers a step reads and writes (Cache.key)."""
-        return layout_key(*(self.kv or [None]), self.cross, self.pad, self.pos, self.slots, self._own, self._arange,
-                          self._row_start)
-
-    def write(self, layer: int, new: Tensor) -> None:
-        """Write one layer's new keys and values new [2, N, H, B, K] (each row into its own slot) at the position: by
-        index (the `pos` tensor) in the static layout; in the exact one by a slice at `length`, faster on CPU than
-        index_copy_."""
-        kv = self.kv[layer]  # [2, N, H, C, B, K]
-        if self.static:
-            kv.index_copy_(3, self.pos, new.unsqueeze(3))
-        else:
-            kv.select(3, self.length).copy_(new)
-
-    def row_start(self) -> Tensor | None:
-        """Per row [R], the first buffer column it reads (merged segments), or None when every row reads from 0."""
-        if self.offsets is None:
-            return None
-        if self._row_start is None or self._row_start.size(0) != self.rows:
-            start = torch.tensor(self.offsets, dtype=torch.long, device=self.cross.device)
-            self._row_start = start.repeat_interleave(self.beams)
-        return self._row_start
+        return layout_key(*self.tensors())
 
     def positions(self) -> Tensor:
         """The position each row decodes at this step: [1] (the same for all) or [R] (merged rows)."""
-        start = self.row_start()
-        return self.pos if start is None else self.pos - start
+        return self.pos if self.offsets is None else self.offsets.positions(self.pos, self.beams)
 
     def self_mask(self) -> Tensor | None:
         """True at the keys a step's self-attention must not attend to (once a step; beam search: first records each
-        row's own slot at the position in `slots`).
+        row's own slot at the position in the slot table).
           - One row a sentence: broadcastable to [N x H, 1, window]: static layout, the columns past the position
             ([1, 1, C]); merged rows, the columns before each row's start ([N x H, 1, window]); None when neither.
-          - Beams: [N, 1, B, window x B] over a sentence's [window, B] keys: the slots that do not hold the row's
-            ancestor, and those columns."""
-        start = self.row_start()
-        window, heads = self.window, self.cross.size(3)
-        cols = self._arange if self.static or start is None else torch.arange(window, device=start.device)
-        late = (cols > self.pos) if self.static else None  # [window]
-        early = None if start is None else cols < start.unsqueeze(1)  # [R, window]
-        if self.beams == 1:
-            mask = None if late is None else late.view(1, 1, -1)
-            if early is None:
-                return mask
-            early = early.unsqueeze(1).expand(-1, heads, -1).reshape(-1, 1, window)
-            return early if mask is None else early | mask
-        if self.static:
-            self.slots.index_copy_(1, self.pos, self._own.unsqueeze(1))
+          - Beams: [N, 1, B, window x B] over a sentence's [window, B] keys (Slots.mask)."""
+        window = self.window
+        late = self.layout.late(self.pos)  # [window] or None
+        early = None
+        if self.offsets is not None:
+            early = self.offsets.early(self.layout.columns(window, self.pos.device), self.beams)  # [R, window]
+        if self.slots is not None:
+            self.slots.record(self.layout, self.length, self.pos)
+            return self.slots.mask(window, late, early)
+        mask = None if late is None else late.view(1, 1, -1)
+        if early is None:
+            return mask
+        early = early.unsqueeze(1).expand(-1, self.cross.size(3), -1).reshape(-1, 1, window)
+        return early if mask is None else early | mask
+
+    def self_attend(self, layer: int, qkv: Tensor, out: Tensor, mask: Tensor | None) -> None:
+        """Self-attention of this segment's rows at one new position: qkv [R, 3D] (queries, keys, values of the
+        heads, concatenated) -> out [R, D]. The new keys and values are written at the position (each row into its
+        slot), and every row attends over its sentence's window, all slots, masked by `mask` (`self_mask`)."""
+        h, d_k = self.cross.size(3), self.cross.size(5)
+        d, n, beams = qkv.size(1) // 3, self.sentences, self.beams
+        kv = self.kv[layer]  # [2, N, H, C, B, K]
+        new = qkv[:, d:].view(n, beams, 2, h, d_k).permute(2, 0, 3, 1, 4)  # [2, N, H, B, K]
+        self.layout.write(kv, 3, new.to(kv.dtype), self.length, self.pos)
+        w = self.window  # attention over [N x H] batches of a sentence's [w x B] keys (views of the cache)
+        k, v = kv[0, :, :, :w].reshape(n * h, w * beams, d_k), kv[1, :, :, :w].reshape(n * h, w * beams, d_k)
+        if beams == 1:  # [N, H, 1, K] is already the rows' layout
+            attend(qkv[:, :d].reshape(n * h, 1, d_k), k, v, mask, out.view(n * h, 1, d_k))
+            return
+        q = qkv[:, :d].reshape(n, beams, h, d_k).transpose(1, 2).reshape(n * h, beams, d_k)
+        out.view(n, beams, h, d_k).copy_(attend(q, k, v, mask).view(n, h, beams, d_k).transpose(1, 2))
+
+    def cross_attend(self, layer: int, q: Tensor, out: Tensor) -> None:
+        """Encoder-decoder attention of this segment's rows, q [R, D] -> out [R, D], against its per-sentence keys
+        and values (a sentence's beams folded into the query dimension)."""
+        h, d_k = self.cross.size(3), self.cross.size(5)
+        n, s = self.sentences, self.cross.size(4)
+        beams, b = q.size(0) // n, n * h
+        q = q.view(n, beams, h, d_k).transpose(1, 2).reshape(b, beams, d_k)
+        k, v = self.cross[layer, 0].reshape(b, s, d_k), self.cross[layer, 1].reshape(b, s, d_k)
+        if beams == 1:  # [N, H, 1, K] is already the rows' layout
+            attend(q, k, v, self.pad, out.view(b, 1, d_k))
         else:
-            self.slots.select(1, self.length).copy_(self._own)
-        n, b = self.sentences, self.beams
-        slot_ids = self._own[:b]  # 0 .. B-1 (a sentence's own slots)
-        mask = self.slots[:, :window].view(n, b, window, 1) != slot_ids  # [N, B, window, B]
-        if late is not None:
-            mask |= late.view(1, 1, window, 1)
-        if early is not None:
-            mask |= early.view(n, b, window, 1)
-        return mask.view(n, 1, b, window * b)
+            out.view(n, beams, h, d_k).copy_(attend(q, k, v, self.pad).view(n, h, beams, d_k).transpose(1, 2))
 
     def make_room(self) -> None:
         """Before a step: buffers with room for position `length` (host; grows at bucket boundaries), the rows' own
         slots and merged rows' starts on the device (made here, so that the step itself creates no tensor from host
         values)."""
-        self.row_start()
+        if self.offsets is not None:
+            self.offsets.rows(self.beams, self.cross.device)
         need = self.length + 1
         if self.kv is None or self.capacity < need:
-            self._grow(_bucket(need))
-        if self.beams > 1 and (self._own is None or self._own.size(0) != self.rows):
-            self._own = torch.arange(self.beams, device=self.cross.device).repeat(self.sentences)
+            self._grow(bucket(need))
+        if self.slots is not None:
+            self.slots.make_room(self.sentences)
 
     def _grow(self, capacity: int, drop: int = 0) -> None:
         """New buffers of `capacity` positions, the filled ones copied (those from column `drop` on, to column 0), a
@@ -207,23 +209,14 @@ class Segment:
             self.kv.append(room.narrow(1, 0, n))  # (a view made after the copy: autograd, in tests, needs that)
             self._kv_room.append(room)
         if self.beams > 1:
-            slots = torch.zeros((self.rows, capacity), dtype=torch.long, device=self.cross.device)
-            if self.slots is not None and kept:
-                slots[:, :kept] = self.slots[:, drop : self.length]
-            self.slots = slots
-        if self.static:
-            self._arange = torch.arange(capacity, device=self.cross.device)
+            if self.slots is None:
+                self.slots = Slots(self.beams, self.layout.in_place)
+            self.slots.resized(self.rows, capacity, drop, self.length, self.cross.device)
+        self.layout.resized(capacity, self.cross.device)
 
-    def _new(self, shape: list[int] | tuple[int, ...]) -> Tensor:
-        """A keys-and-values buffer: zeros in the static layout, which reads every position (masked ones must hold
-        no NaN: 0 x NaN is NaN); uninitialised in the exact one, which reads only positions written (or zeroed:
-        `merge`, `repeat_beams`), and where zeroing a buffer would cost decoding time for nothing. On CPU a large
-        one has pages of its own (`mapped`)."""
-        if self.static:
-            return self.cross.new_zeros(shape)
-        if self.cross.device.type == "cpu" and math.prod(shape) * self.cross.element_size() >= MAPPED_BYTES:
-            return mapped(shape, self.cross.dtype)
-        return self.cross.new_empty(shape)
+    def _new(self, shape: tuple[int, ...]) -> Tensor:
+        """A keys-and-values buffer, as the layout makes them (layout.py: zeroed or not, mapped or not)."""
+        return self.layout.new_buffer(self.cross, shape)
 
     def advance(self, host: bool = True, device: bool = True) -> None:
         """After a step: one position more, on the host (`length`) and on the device (`pos`; a CUDA graph's step
@@ -236,8 +229,7 @@ class Segment:
     def reorder(self, rows: Tensor, sentences: Tensor | None, kept: list[int] | None = None) -> None:
         """Rows `rows` [R'] (local) become the rows; `sentences` (local, or None: unchanged) the sentences, `kept`
         the same on the host. The keys and values move only with sentences that leave (their holes filled); beams
-        move in the slot table (in place in the static layout: a CUDA graph's reorder keeps every address). Merged
-        rows: the columns no kept row reads any more are dropped."""
+        move in the slot table. Merged rows: the columns no kept row reads any more are dropped."""
         drop = 0
         if sentences is not None:
             self.cross, self._room = _keep(self.cross, self._room, sentences, kept)
@@ -246,27 +238,19 @@ class Segment:
                                                              self.length, dim=1)
             self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
             if self.offsets is not None:
-                offsets = [self.offsets[i] for i in (kept if kept is not None else sentences.tolist())]
-                drop = min(offsets)
-                self.offsets = [o - drop for o in offsets] if any(o > drop for o in offsets) else None
-                self._row_start = None
+                self.offsets, drop = self.offsets.keep(kept if kept is not None else sentences.tolist())
         if self.slots is not None:
-            if self.static and sentences is None:
-                self.slots.copy_(self.slots.index_select(0, rows))
-            else:
-                self.slots = self.slots.index_select(0, rows)
+            self.slots.reorder(rows, sentences is not None)
         if drop and self.kv is not None:
             self._grow(self.capacity, drop)
             self.length -= drop
             self.pos -= drop
 
     def merge(self, other: Segment) -> None:
-        """Take `other`'s rows after this one's, right-aligned (module docstring). This one has taken a step, `other`
-        too or none; both have as many beams a sentence."""
+        """Take `other`'s rows after this one's, right-aligned (offsets.py). This one has taken a step, `other` too
+        or none; both have as many beams a sentence."""
         length = max(self.length, other.length)
         shifts = (length - self.length, length - other.length)
-        offsets = [o + shifts[0] for o in self.offsets or [0] * self.sentences]
-        offsets += [o + shifts[1] for o in other.offsets or [0] * other.sentences]
         n, m = self.sentences, other.sentences
         capacity = max(self.capacity, other.capacity if other.kv is not None else 0)
         if not shifts[0] and self._kv_room[0].size(1) >= n + m and self.capacity == capacity:
@@ -278,7 +262,7 @@ class Segment:
             if len(parts) == 2:
                 shape = list(room.shape)
                 shape[1], shape[3] = n + m + (n + m) // 2, capacity
-                room = self._new(shape)
+                room = self._new(tuple(shape))
             for seg, shift, first in parts:
                 part = room.narrow(1, first, seg.sentences)
                 if shift:
@@ -289,11 +273,10 @@ class Segment:
             kv_layers.append(room.narrow(1, 0, n + m))  # (made after the copies, as in _grow)
             rooms.append(room)
         if self.beams > 1:
-            slots = torch.zeros((self.rows + other.rows, capacity), dtype=torch.long, device=self.cross.device)
-            for seg, shift, first in ((self, shifts[0], 0), (other, shifts[1], self.rows)):
-                if seg.length:
-                    slots[first : first + seg.rows, shift:length] = seg.slots[:, : seg.length]
-            self.slots = slots
+            self.slots = Slots.merged([(self.slots, self.rows, shifts[0], self.length),
+                                       (other.slots, other.rows, shifts[1], other.length)],
+                                      capacity, length, self.beams, self.layout.in_place, self.cross.device)
+        self.offsets = Offsets.merged([(self.offsets, n, shifts[0]), (other.offsets, m, shifts[1])])
         sources = max(self.cross.size(4), other.cross.size(4))
         if self.src_pad is None and other.src_pad is None and self.cross.size(4) == other.cross.size(4):
             pad = None
@@ -302,10 +285,9 @@ class Segment:
         self._join_cross(other.cross, sources)
         self._set_pad(pad)
         self.kv, self._kv_room = kv_layers, rooms
+        self.layout.resized(capacity, self.cross.device)
         self.length = length
         self.pos.fill_(length)
-        self.offsets = offsets if any(offsets) else None
-        self._row_start = None
 
     def _join_cross(self, other: Tensor, sources: int) -> None:
         """Append `other`'s encoder-decoder keys and values [L, 2, n, H, s, K] after this segment's sentences, both
@@ -336,6 +318,36 @@ class DecoderCache:
 
     def rows(self) -> int:
         return sum(s.rows for s in self.segments)
+
+    def positions(self) -> Tensor:
+        """The position each row decodes at this step: [1] (one segment, all rows alike) or [R]."""
+        if len(self.segments) == 1:
+            return self.segments[0].positions()
+        return torch.cat([s.positions().expand(s.rows) for s in self.segments])
+
+    def self_masks(self) -> list[Tensor | None]:
+        """Each segment's self-attention mask for this step (Segment.self_mask: once a step, before the layers)."""
+        return [s.self_mask() for s in self.segments]
+
+    def self_attend(self, layer: int, qkv: Tensor, masks: list[Tensor | None]) -> Tensor:
+        """Self-attention of one new position per row at decoder layer `layer`: qkv [R', 3D] (R' >= R: rows past the
+        segments' are padding) -> the heads' outputs [R', D] (0 past the segments' rows), the new keys and values
+        written into the cache. `masks`: `self_masks()` of this step."""
+        out = qkv.new_empty((qkv.size(0), qkv.size(1) // 3))
+        first = 0
+        for seg, mask in zip(self.segments, masks, strict=True):
+            seg.self_attend(layer, qkv.narrow(0, first, seg.rows), out.narrow(0, first, seg.rows), mask)
+            first += seg.rows
+        return _zero_past(out, first)
+
+    def cross_attend(self, layer: int, q: Tensor) -> Tensor:
+        """Encoder-decoder attention at decoder layer `layer`: q [R', D] -> [R', D] (as `self_attend`)."""
+        out = torch.empty_like(q)
+        first = 0
+        for seg in self.segments:
+            seg.cross_attend(layer, q.narrow(0, first, seg.rows), out.narrow(0, first, seg.rows))
+            first += seg.rows
+        return _zero_past(out, first)
 
     def make_room(self, max_positions: int) -> None:
         for s in self.segments:
@@ -406,6 +418,13 @@ class DecoderCache:
             self.segments.pop()
 
 
+def _zero_past(out: Tensor, rows: int) -> Tensor:
+    """out, its rows from `rows` on (padding rows of the step) zeroed."""
+    if rows < out.size(0):
+        out[rows:].zero_()
+    return out
+
+
 def _fill_holes(kept: list[int]) -> list[int]:
     """Sentences `kept` (ascending) in the order that moves the fewest: those past the first len(kept) positions
     fill the holes before it, in order; the others stay where they are."""
@@ -439,19 +458,3 @@ def _source_pad(seg: Segment, sources: int) -> Tensor:
     n, s = seg.sentences, seg.cross.size(4)
     pad = seg.src_pad if seg.src_pad is not None else torch.zeros(n, s, dtype=torch.bool, device=seg.cross.device)
     return pad if s == sources else torch.cat([pad, pad.new_ones(n, sources - s)], dim=1)
-
-
-def mapped(shape: list[int] | tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    """An uninitialised CPU tensor in an anonymous memory mapping of its own: its pages take memory only once
-    written (the positions past the filled ones take none), and all of it goes back to the system when the tensor
-    goes. A buffer from the C heap may instead land in memory freed earlier and already resident (its unwritten
-    part counted too), and on freeing stay with the process when smaller than glibc's mapping threshold (which
-    rises to 32 MB as buffers are freed). docs/results-history.md#one-buffer-a-layer."""
-    return torch.frombuffer(mmap.mmap(-1, math.prod(shape) * dtype.itemsize), dtype=dtype).view(shape)
-
-
-def _bucket(n: int) -> int:
-    for b in BUCKETS:
-        if n <= b:
-            return b
-    return -(-n // BUCKETS[-1]) * BUCKETS[-1]

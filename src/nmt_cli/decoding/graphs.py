@@ -143,10 +143,11 @@ def step_key(state, cache, cfg: SearchConfig, search) -> tuple:
 
 def in_place(body: Callable[[int | Tensor], None], state) -> Callable[[int | Tensor], None]:
     """`body` (the scheduler's step), with the state's tensors that it replaced (`state.tokens = ...`) copied back
-    into the ones it began with: a replay must read and write the same memory every time."""
+    into the ones it began with: a replay must read and write the same memory every time. The tensors are the
+    state's `tensors()`, the same list its graph key is made of."""
 
     def step(t: int | Tensor) -> None:
-        before = {name: v for name, v in vars(state).items() if isinstance(v, Tensor)}
+        before = {name: v for name, v in state.tensors().items() if v is not None}
         body(t)
         for name, old in before.items():
             new = getattr(state, name)

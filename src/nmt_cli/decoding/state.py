@@ -43,10 +43,17 @@ class SearchState:
     def n(self) -> int:
         return len(self.ids)
 
+    TENSORS = ("tokens", "scores", "fin_tokens", "fin_lp", "fin_len", "count", "done", "top_ended", "row_done",
+               "max_len", "prefix", "begin_t", "_first_rows")  # every tensor a step reads or writes
+
+    def tensors(self) -> dict[str, Tensor | None]:
+        """Every tensor a step reads or writes, by attribute name: the one list behind the graph key (`key`) and a
+        graph's copy-back (graphs.in_place)."""
+        return {name: getattr(self, name) for name in self.TENSORS}
+
     def key(self) -> tuple:
         """The addresses, shapes and strides of the tensors a step reads and writes, as ints (graphs.py's key)."""
-        return layout_key(self.tokens, self.scores, self.fin_tokens, self.fin_lp, self.fin_len, self.count, self.done,
-                       self.top_ended, self.row_done, self.max_len, self.prefix, self.begin_t, self._first_rows)
+        return layout_key(*self.tensors().values())
 
     def first_rows(self) -> Tensor:
         """[N, 1] each sentence's first row (made once per batch size: beam search asks three times a step)."""

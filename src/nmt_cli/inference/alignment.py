@@ -3,7 +3,7 @@
 The search keeps no attention weights; when `--token-scores`,
 `--print-alignment` or `--replace-unk` ask for them, the chosen hypotheses go through the model once more,
 teacher-forced, and one decoder layer's encoder-decoder attention is read there, averaged over its heads (as
-fairseq's `--print-alignment`), with the formula decoding uses (`decoding.step.attention_weights`). The alignment of target token j is the source token it attends to most when the
+fairseq's `--print-alignment`), with the formula decoding uses (`decoding.attention.attention_weights`). The alignment of target token j is the source token it attends to most when the
 model predicts it; the source's EOS is never a link.
 
 Formats (documented in docs/translate.md):
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt_cli.decoding.step import attention_weights
+from nmt_cli.decoding.attention import attention_weights
 
 
 @dataclass
