@@ -27,12 +27,16 @@ from nmt_cli.runtime import cpus
 from nmt_cli.training import plan as plan_mod
 from nmt_cli.training.checkpoints import prune_periodic
 from nmt_cli.training.config import (
+    MIN_SAVE_EVERY,
+    MIN_VALID_EVERY,
     TrainConfig,
-    resolve_average_last,
+    resolve_averaging,
     resolve_batching,
     resolve_keep_last,
     resolve_save_every,
     resolve_save_minutes,
+    resolve_valid_every,
+    resolve_valid_minutes,
 )
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
@@ -106,24 +110,106 @@ def test_the_default_gpu_micro_batch_fits_the_gpu_and_keeps_the_update_size():
 
 def test_presets_save_by_updates_as_the_paper_and_average_its_last_checkpoints():
     """base/big: a checkpoint every ~1,400 / 600 updates (the paper's 10 minutes at its speed), the last 5 / 20
-    averaged; a shorter run saves often enough to average its N over at most its last quarter; time only on
-    request (or with --max-time)."""
+    averaged; a shorter run saves often enough to average its N over at most its last quarter, but never more
+    often than every MIN_SAVE_EVERY updates: a run too short for that averages fewer, saying why; time only on
+    request (or with --max-time, max-time / (4 x N), at least 30 s); validation at the checkpoints by updates, at
+    least MIN_VALID_EVERY apart, and, in a run that saves by time, every 5 minutes at most."""
     def saving(**kw):
         cfg = TrainConfig("d", "o", **kw)
         max_steps = cfg.max_steps or cfg.recipe("max_steps")
-        return resolve_save_every(cfg, max_steps), resolve_average_last(cfg), resolve_save_minutes(cfg)
+        every, minutes = resolve_save_every(cfg, max_steps), resolve_save_minutes(cfg)
+        average, why = resolve_averaging(cfg, max_steps, every, minutes)
+        return every, average, minutes, why
 
-    assert saving(preset="base") == (1400, 5, None)
-    assert saving(preset="big") == (600, 20, None)
-    assert saving(preset="tiny") == (1000, 5, None)
-    assert saving(preset="tiny", max_steps=1200) == (60, 5, None)  # the demo's: the last 5 of 20
-    assert saving(preset="big", max_steps=8000) == (100, 20, None)
-    assert saving(preset="base", max_steps=10) == (1, 5, None)
-    assert saving(preset="base", save_every=7, average_last=3) == (7, 3, None)
+    def validating(**kw):
+        cfg = TrainConfig("d", "o", **kw)
+        every = resolve_save_every(cfg, cfg.max_steps or cfg.recipe("max_steps"))
+        return resolve_valid_every(cfg, every), resolve_valid_minutes(cfg, resolve_save_minutes(cfg))
+
+    assert saving(preset="base") == (1400, 5, None, None)
+    assert saving(preset="big") == (600, 20, None, None)
+    assert saving(preset="tiny") == (1000, 5, None, None)
+    assert saving(preset="tiny", max_steps=1200) == (60, 5, None, None)  # the demo's: the last 5 of 20
+    assert saving(preset="big", max_steps=8000) == (100, 20, None, None)
+    assert saving(preset="base", max_steps=1000)[:2] == (MIN_SAVE_EVERY, 5)  # 1000 / 20 = 50: just enough
+    every, average, _, why = saving(preset="base", max_steps=500)  # 500 / 20 = 25: fewer in its last 125 updates
+    assert (every, average) == (MIN_SAVE_EVERY, 3) and why.startswith("a run of 500 updates averages its last 3")
+    every, average, _, why = saving(preset="base", max_steps=30)  # once saved every update
+    assert (every, average) == (MIN_SAVE_EVERY, 1) and "too short to average" in why and "final weights" in why
+    assert saving(preset="base", max_steps=10, save_every=1) == (1, 5, None, None)  # as asked, however often
+    assert saving(preset="base", save_every=7, average_last=3) == (7, 3, None, None)
     assert saving(preset="base", average=False)[1] == 0
-    assert saving(preset="base", max_time=4.5)[2] == pytest.approx(4.5 / 20)
-    assert saving(preset="base", max_time=4.5, save_every_minutes=1)[2] == 1
+    assert saving(preset="base", max_time=20)[1:3] == (5, 1.0)
+    assert saving(preset="big", max_time=160)[1:3] == (20, 2.0)  # 20 averaged: 80 saves
+    assert saving(preset="base", max_time=5)[1:3] == (3, 0.5)  # the floor: 3 fit in its last 1.25 minutes
+    assert saving(preset="base", max_time=4.5, save_every_minutes=0.01)[1:3] == (5, 0.01)
+    assert MIN_VALID_EVERY == 200
+    assert validating(preset="tiny", max_steps=1200) == (240, None)  # the demo: at every 4th checkpoint
+    assert validating(preset="base", max_steps=30) == (200, None)
+    assert validating(preset="base") == (1400, None)
+    assert validating(preset="base", save_every=7) == (203, None)
+    assert validating(preset="base", max_steps=30, valid_every=10) == (10, None)
+    assert validating(preset="base", max_time=20) == (1400, 5.0)  # saves every minute, validates every 5
+    assert validating(preset="base", max_time=20, save_every_minutes=0.5, valid_every=200) == (200, 5.0)
+    assert validating(preset="base", max_time=300) == (1400, 10.0)  # saves every 10 minutes: validates with them
+    assert validating(preset="base", max_time=20, valid_every_minutes=0.5) == (1400, 0.5)
     assert resolve_keep_last(TrainConfig("d", "o", preset="big")) == 20
+
+
+def _counts(run) -> tuple[list, list]:
+    """The updates metrics.jsonl records a validation and a checkpoint_<step>.pt save at."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return ([r["step"] for r in records if r["kind"] == "valid"],
+            [r["step"] for r in records if r["kind"] == "save" and r["periodic"]])
+
+
+@pytest.mark.parametrize(("max_steps", "valids", "saves", "averaged"), [
+    (30, [30], [30], [30]),  # once saved and validated at every update; too short to average: the final weights
+    (120, [120], [50, 100, 120], [120]),
+    (450, [200, 400, 450], [50 * k for k in range(1, 10)] + [450], [350, 400, 450]),  # 3 fit in its last quarter
+])
+def test_a_short_run_saves_and_validates_at_the_floors_and_averages_what_fits(toy_data_dir, tmp_path, max_steps,
+                                                                              valids, saves, averaged):
+    """A run shorter than the preset's saves every MIN_SAVE_EVERY updates at most and validates every
+    MIN_VALID_EVERY at most, each once more at the end, and averages the checkpoints of its last quarter;
+    metrics.jsonl and the end summary count and time them."""
+    assert (MIN_SAVE_EVERY, MIN_VALID_EVERY) == (50, 200)
+    saves = sorted(set(saves))
+    run = tmp_path / "run"
+    events = []
+    result = train(small_cfg(toy_data_dir, run, max_steps=max_steps, log_every=50, keep_last=10),
+                   progress=events.append)
+    assert _counts(run) == (valids, saves)
+    assert load(run / "averaged.pt").meta["averaged_from"] == [str(run / f"checkpoint_{k}.pt") for k in averaged]
+    assert (result.validations, result.saves) == (len(valids), len(saves))
+    end = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert end["kind"] == "end" and (end["validations"], end["saves"]) == (len(valids), len(saves))
+    assert 0 < end["valid_seconds"] < end["elapsed"] and 0 < end["save_seconds"] < end["elapsed"]
+    start = events[0]
+    assert (start["save_every"], start["valid_every"], start["average_last"]) == (50, 200, len(averaged))
+    assert (start["average_note"] is None) == (len(averaged) == 5)
+
+
+def test_validation_keeps_its_own_schedule(toy_data_dir, tmp_path, monkeypatch):
+    """--valid-every apart from --save-every: each on its own updates, both at the end; a checkpoint records the
+    validation figures of its own update only; --patience counts validations (not saves)."""
+    run = tmp_path / "run"
+    r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "13", "--save-every", "4", "--valid-every", "6",
+                           "--log-every", "4"))
+    assert r.returncode == 0, r.stderr
+    assert "a checkpoint every 4 updates; validation every 6 updates and at the end; averaged.pt from the last 5" \
+        in r.stderr
+    assert _counts(run) == ([6, 12, 13], [4, 8, 12, 13])
+    assert "valid_nll" not in load(run / "checkpoint_8.pt").meta and "valid_nll" in load(run / "checkpoint_12.pt").meta
+    log = (run / "train.log").read_text()
+    assert re.search(r"update 6 epoch \d+: valid_nll .*\(\d[.\d]* (s|min)\)", log), log
+    assert re.search(r"update 4: saved checkpoint_4.pt and checkpoint_last.pt \(\d[.\d]* (s|min)\)", log), log
+    assert re.search(r"validation: 3 in \S+ (s|min) \(\d+\.\d% of the run\); saving: 4 in \S+ (s|min) "
+                     r"\(\d+\.\d%\)", log), log
+    monkeypatch.setattr(Trainer, "validate", lambda self: {"valid_nll": 2.0, "valid_ppl": 7.39, "valid_loss": 2.1})
+    result = train(small_cfg(toy_data_dir, tmp_path / "p", max_steps=1000, save_every=1000, valid_every=1,
+                             patience=2))  # the same figures at every validation: no improvement after the first
+    assert result.stopped_by == "patience" and result.step == 3 and result.validations == 3
 
 
 # ---- the loop -------------------------------------------------------------------------------------------------
@@ -386,7 +472,8 @@ def test_an_unwritable_run_directory_is_refused_before_training(toy_data_dir, tm
 
 def test_max_time_stops_and_time_based_checkpoints_average(toy_data_dir, tmp_path):
     run = tmp_path / "run"
-    result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3))
+    result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3,
+                             save_every_minutes=0.05 / 20))
     assert result.stopped_by == "max_time"
     assert result.elapsed >= 0.05 * 60  # (stopped by the limit, at the first update past it)
     assert len(periodic_checkpoints(run)) == 3  # saved every 0.05/20 min, pruned to --keep-last
@@ -680,8 +767,9 @@ def test_a_run_over_nccl_makes_no_process_group_besides_the_default_one(toy_data
     write_run_config(plan)
     out = run_ranks(train_as_nccl, 2, plan)
     assert out == [(0, ["nccl"], [], 5, "max_steps", True), (1, ["nccl"], [], 5, "max_steps", True)]
-    # the clock's flag, raised by rank 0 at every update, is acted on by both ranks from update 2 on
-    assert [p.name for p in periodic_checkpoints(run)] == [f"checkpoint_{k}.pt" for k in (2, 3, 4, 5)]
+    # the clock's flag, raised by rank 0 once the time is up (at once here), reaches both ranks an update later;
+    # rank 0 raises it again only after that save (not while it is on its way: that would save twice in a row)
+    assert [p.name for p in periodic_checkpoints(run)] == [f"checkpoint_{k}.pt" for k in (2, 4, 5)]
 
 
 @pytest.mark.slow
@@ -870,7 +958,8 @@ def test_a_finished_run_is_left_as_it_is_and_a_raised_stop_continues_it(toy_data
     r = run_nmt(*_cli_args(toy_data_dir, run, "--max-steps", "6", "--save-every", "4", "--average-last", "3"))
     assert r.returncode == 0, r.stderr
     assert "lr rises over 10 warmup updates, past this run's 6" in r.stderr
-    assert "a checkpoint every 4 updates; averaged.pt from the last 3 at the end" in r.stderr
+    assert ("a checkpoint every 4 updates; validation every 200 updates and at the end; averaged.pt from the last "
+            "3 at the end") in r.stderr
     assert f"note: {fewer_message(run, 2, 3)}" in r.stderr  # checkpoint_4.pt and the final checkpoint_6.pt
     assert load(run / "averaged.pt").meta["averaged_from"] == [str(run / "checkpoint_4.pt"),
                                                               str(run / "checkpoint_6.pt")]

@@ -97,11 +97,11 @@ def register(app: typer.Typer) -> None:
                                      help="Stop after N validations without improvement."),
         save_every: int = typer.Option(
             None, "--save-every", min=1, metavar="N", rich_help_panel=_SAVE,
-            show_default="tiny 1000, base 1400, big 600; a shorter run: max-steps / (4 x --average-last)",
+            show_default="tiny 1000, base 1400, big 600; a shorter run: max-steps / (4 x --average-last), at least 50",
             help="Save a checkpoint every N updates (base and big: the paper's 10 minutes at its speed)."),
         save_every_minutes: float = typer.Option(
             None, "--save-every-minutes", min=0.01, metavar="MINUTES", rich_help_panel=_SAVE,
-            show_default="none; max-time/20 (at most 10) with --max-time",
+            show_default="none; with --max-time: max-time / (4 x --average-last), from 0.5 to 10",
             help="Also save a checkpoint every this many minutes."),
         keep_last: int = typer.Option(None, "--keep-last", min=1, metavar="K", rich_help_panel=_SAVE,
                                       show_default="max(5, --average-last)",
@@ -115,7 +115,13 @@ def register(app: typer.Typer) -> None:
                                     show_default="resume when RUN_DIR holds checkpoint_last.pt",
                                     help="Resume from RUN_DIR/checkpoint_last.pt, or start afresh."),
         valid_every: int = typer.Option(None, "--valid-every", min=1, metavar="N", rich_help_panel=_VALID,
-                                        show_default="at every checkpoint", help="Validate every N updates."),
+                                        show_default="at the checkpoints by updates (--save-every), at least "
+                                                     "200 apart",
+                                        help="Validate every N updates (and at the end)."),
+        valid_every_minutes: float = typer.Option(
+            None, "--valid-every-minutes", min=0.01, metavar="MINUTES", rich_help_panel=_VALID,
+            show_default="none; a run that saves by time: at those checkpoints, at least 5 minutes apart",
+            help="Also validate every this many minutes."),
         valid_bleu: bool = typer.Option(False, "--valid-bleu", rich_help_panel=_VALID,
                                         help="Also compute validation BLEU (beam search); best = highest BLEU."),
         lang_temperature: float = typer.Option(
@@ -204,7 +210,8 @@ def register(app: typer.Typer) -> None:
             max_tokens=max_tokens, update_freq=update_freq, update_tokens=update_tokens,
             max_steps=max_steps, max_epochs=max_epochs, max_time=max_time, patience=patience,
             save_every=save_every, save_every_minutes=save_every_minutes, keep_last=keep_last,
-            average_last=average_last, average=average, resume=resume, valid_every=valid_every, valid_bleu=valid_bleu,
+            average_last=average_last, average=average, resume=resume, valid_every=valid_every,
+            valid_every_minutes=valid_every_minutes, valid_bleu=valid_bleu,
             valid_beam=valid_beam, lang_temperature=lang_temperature, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
             compile=compile, compile_shapes=compile_shapes.value, seed=seed, log_every=log_every,
             dist_timeout=dist_timeout,
@@ -293,6 +300,14 @@ def _fmt_interval(seconds: float) -> str:
     return f"{seconds:.3g} s" if seconds < 60 else f"{seconds / 60:.3g} min"
 
 
+def _fmt_overhead(e: dict) -> str:
+    """The end summary's second line: what validating and saving cost the run, over all its resumes."""
+    elapsed = max(e["elapsed"], 1e-9)
+    return (f"validation: {e['validations']} in {_fmt_interval(e['valid_seconds'])} "
+            f"({100 * e['valid_seconds'] / elapsed:.1f}% of the run); saving: {e['saves']} in "
+            f"{_fmt_interval(e['save_seconds'])} ({100 * e['save_seconds'] / elapsed:.1f}%)")
+
+
 def _fmt_valid(e: dict) -> str:
     """The validation figures under the names metrics.jsonl uses (valid_nll is what "best" tracks unless
     --valid-bleu)."""
@@ -342,11 +357,12 @@ class Display:
         elif kind == "train":
             self._train(e)
         elif kind == "valid":
-            self.line(f"update {e['step']} epoch {e['epoch']}: {_fmt_valid(e)}")
+            self.line(f"update {e['step']} epoch {e['epoch']}: {_fmt_valid(e)} ({_fmt_interval(e['seconds'])})")
         elif kind == "save":
             self.last_saved = e["step"]
             if e.get("periodic"):
-                self.line(f"update {e['step']}: saved checkpoint_{e['step']}.pt and checkpoint_last.pt")
+                self.line(f"update {e['step']}: saved checkpoint_{e['step']}.pt and checkpoint_last.pt "
+                          f"({_fmt_interval(e['seconds'])})")
         elif kind == "overflow":
             self.line(f"update {e['step']}: fp16 gradient overflow, update skipped ({e['overflows']} so far)")
         elif kind == "threads":
@@ -354,13 +370,15 @@ class Display:
         elif kind == "note":
             self.line(f"note: {e['message']}")
         elif kind == "averaged":
-            self.line(f"averaged the last {e['n']} checkpoints -> {e['path']}")
+            self.line(f"averaged the last {e['n']} checkpoints -> {e['path']}" if e["n"] > 1 else
+                      f"the final weights (nothing to average) -> {e['path']}")
         elif kind == "end":
             self.close()
             best = (f", best {e['criterion']} {e['best_valid']:.4f} at update {e['best_step']}"
                     if e.get("best_valid") is not None else "")
             self.line(f"done: {e['step']} updates in {_fmt_time(e['elapsed'])} (stopped by {e['stopped_by']})"
                       f"{best}; checkpoints in {e['out_dir']}")
+            self.line(_fmt_overhead(e))
 
     def _start(self, e: dict) -> None:
         self.log_path = Path(e["out_dir"]) / TRAIN_LOG
@@ -398,9 +416,19 @@ class Display:
         saves = f"a checkpoint every {e['save_every']} updates"
         if e.get("save_minutes"):
             saves += f" and every {_fmt_interval(e['save_minutes'] * 60)}"
-        average = (f"averaged.pt from the last {e['average_last']} at the end" if e.get("average_last")
-                   else "no averaged.pt (--no-average)")
-        self.line(f"{saves}; {average}")
+        valids = "no validation (no valid split)"
+        if e.get("has_valid", True):
+            valids = f"validation every {e['valid_every']} updates"
+            if e.get("valid_minutes"):
+                valids += f", every {_fmt_interval(e['valid_minutes'] * 60)}"
+            valids += " and at the end"
+        average = "no averaged.pt (--no-average)"
+        if e.get("average_last"):
+            average = (f"averaged.pt from the last {e['average_last']} at the end" if e["average_last"] > 1
+                       else "averaged.pt from the last checkpoint at the end")
+        self.line(f"{saves}; {valids}; {average}")
+        if e.get("average_note"):
+            self.line(f"note: {e['average_note']}")
         if e.get("slow_precision"):
             self.line(f"warning: {e['slow_precision']}")
         if e.get("tensorboard_note"):

@@ -8,7 +8,7 @@ A run directory holds
   averaged.pt               the mean of the last N checkpoint_<step>.pt (nmt_cli/checkpoints/averaging.py), at the end
 Every file is a normal self-contained checkpoint (nmt_cli.checkpoints.format) written atomically.
 When: every --save-every updates and, with --save-every-minutes, by rank 0's clock, agreed by every rank
-(`SaveSchedule`).
+(`Periodic`, which also times the validations).
 What a finished run is (nothing to train) is decided before training, from checkpoint_last.pt's state (plan.py).
 Training state holds only tensors and plain data, so torch.load(weights_only=True) reads it.
 """
@@ -74,25 +74,31 @@ class RunCheckpoints:
                           tok.vocab)
 
 
-class SaveSchedule:
-    """When the run saves: every `every` updates (the presets' way), and with --save-every-minutes also once
-    `minutes` of wall-clock time have passed since the last save. That clock is rank 0's: its "time to save" is a
-    flag the ranks agree on a step late (runtime.Votes), so that every rank saves at the same update."""
+class Periodic:
+    """When the run saves (or validates): every `every` updates, and with `minutes` also once that much wall-clock
+    time has passed since the last one. That clock is rank 0's: its "time" is a flag the ranks agree on a step late
+    (runtime.Votes), so that every rank acts at the same update; the flag is raised once until acted on (a second
+    one, raised while the first was in flight, would save twice in a row)."""
 
     def __init__(self, every: int, minutes: float | None, start: float):
         self.every, self.minutes = every, minutes
         self.last = start  # time.monotonic() of the last save (or of the start)
-        self.saved_at = -1  # the update last saved in this process
+        self.done_at = -1  # the update last acted on in this process
+        self.raised = False  # the time flag is on its way to the other ranks
 
-    def time_to_save(self, now: float) -> bool:
-        return self.minutes is not None and now - self.last >= self.minutes * 60
+    def time_is_up(self, now: float) -> bool:
+        """Whether to raise the time flag at `now` (rank 0's clock)."""
+        if self.minutes is None or self.raised:
+            return False
+        self.raised = now - self.last >= self.minutes * 60
+        return self.raised
 
     def due(self, step: int, time_agreed: bool) -> bool:
-        """Whether to save after update `step`; `time_agreed`: the ranks agreed that it is time to save."""
+        """Whether to act after update `step`; `time_agreed`: the ranks agreed that the time is up."""
         return time_agreed or step % self.every == 0
 
-    def saved(self, step: int) -> None:
-        self.saved_at, self.last = step, time.monotonic()
+    def done(self, step: int) -> None:
+        self.done_at, self.last, self.raised = step, time.monotonic(), False
 
 
 # ---- the training state in checkpoint_last.pt ---------------------------------------------------------------
@@ -108,6 +114,8 @@ def restore(trainer: Trainer, ckpt: Checkpoint) -> tuple[int, int]:
             trainer.scaler.load_state_dict(ts["scaler"])
         trainer.step, epoch, pos = int(ts["step"]), int(ts["epoch"]), int(ts["pos"])
         trainer.elapsed, trainer.overflows = float(ts["elapsed"]), int(ts.get("overflows", 0))
+        trainer.validations, trainer.valid_seconds = int(ts.get("validations", 0)), float(ts.get("valid_seconds", 0.0))
+        trainer.saves, trainer.save_seconds = int(ts.get("saves", 0)), float(ts.get("save_seconds", 0.0))
         trainer.best.value, trainer.best.step, trainer.best.bad = ts.get("best"), ts.get("best_step"), \
             int(ts.get("bad_valids", 0))
         saved_world = int(ts.get("world_size", 1))
@@ -132,6 +140,8 @@ def train_state(trainer: Trainer, rngs: list) -> dict:
         "step": trainer.step, "epoch": trainer.reader.epoch, "pos": trainer.reader.pos, "pos_global": True,
         "elapsed": trainer.elapsed, "best": trainer.best.value, "best_step": trainer.best.step,
         "bad_valids": trainer.best.bad, "overflows": trainer.overflows, "world_size": trainer.rt.world_size,
+        "validations": trainer.validations, "valid_seconds": trainer.valid_seconds, "saves": trainer.saves,
+        "save_seconds": trainer.save_seconds,
         "optimizer": trainer.optimizer.state_dict(),
         "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else None,
         "rng": rngs, "config": plain(trainer.cfg.to_dict()), "probed_max_tokens": trainer.probed,

@@ -33,6 +33,13 @@ RECIPES: dict[str, dict] = {
 }
 AVERAGED_SHARE = 4  # a run shorter than the preset's saves at least 4 x average_last times: its average covers
 # at most its last quarter (the paper's base average covers the last 7%)
+# Floors on the intervals nmt chooses itself, so that saving and validating cost a run a few percent of its time
+# whatever its length (docs/design.md#saving-and-validating): a shorter run averages fewer checkpoints instead.
+MIN_SAVE_EVERY = 50  # updates between checkpoints, at least (--save-every is taken as given)
+MIN_VALID_EVERY = 200  # updates between validations, at least (--valid-every is taken as given): a validation
+# costs several updates' time, a save a fraction of one
+MIN_SAVE_MINUTES = 0.5  # minutes between checkpoints by time, at least (--save-every-minutes is taken as given)
+VALID_MINUTES = 5.0  # minutes between validations by time, at least (--valid-every-minutes is taken as given)
 
 # Model options a user may override on the command line (ModelConfig field names).
 MODEL_OVERRIDES = ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "dropout",
@@ -69,13 +76,15 @@ class TrainConfig:
     patience: int | None = None  # validations without improvement before stopping
     # checkpoints
     save_every: int | None = None  # updates; None: the preset's (resolve_save_every)
-    save_every_minutes: float | None = None  # None: none by time, or max_time / 20 when max_time is set
+    save_every_minutes: float | None = None  # None: none by time, or with max_time: resolve_save_minutes
     keep_last: int | None = None  # periodic checkpoints kept; None: max(5, average_last)
     average_last: int | None = None  # write averaged.pt from the last N checkpoints at the end; None: the preset's
     average: bool = True  # False (--no-average): no averaged.pt
     resume: bool | None = None  # None: resume when out_dir has checkpoint_last.pt
     # validation
-    valid_every: int | None = None  # updates; None: at every checkpoint save
+    valid_every: int | None = None  # updates; None: at every checkpoint saved by updates (resolve_valid_every)
+    valid_every_minutes: float | None = None  # None: none by time, or at the checkpoints by time, at least
+    # VALID_MINUTES apart, when the run saves by time (resolve_valid_minutes)
     valid_bleu: bool = False
     valid_beam: int = defaults.BEAM
     # multilingual data
@@ -112,7 +121,8 @@ class TrainConfig:
             except ValueError as exc:
                 raise ConfigError(f"--max-tokens must be a positive integer or 'auto', got {self.max_tokens!r}") from exc
         positive = ("lr", "warmup", "max_tokens", "update_tokens", "max_steps", "max_epochs", "max_time", "patience",
-                    "save_every", "save_every_minutes", "keep_last", "average_last", "valid_every", "threads",
+                    "save_every", "save_every_minutes", "keep_last", "average_last", "valid_every",
+                    "valid_every_minutes", "threads",
                     "dist_timeout", "lang_temperature")
         for name in positive:
             value = getattr(self, name)
@@ -260,22 +270,74 @@ def resolve_average_last(cfg: TrainConfig) -> int:
 def resolve_save_every(cfg: TrainConfig, max_steps: int) -> int:
     """Updates between checkpoints: --save-every, else the preset's (the paper's ~10 minutes at its speed), or
     fewer in a run too short for that to leave AVERAGED_SHARE x its averaged checkpoints (a 1200-update tiny run
-    averaging 5 saves every 60)."""
+    averaging 5 saves every 60), but never fewer than MIN_SAVE_EVERY: a shorter run averages fewer checkpoints
+    (`resolve_averaging`) rather than saving and validating every few updates."""
     if cfg.save_every is not None:
         return cfg.save_every
     wanted = max(resolve_average_last(cfg), 1) * AVERAGED_SHARE
-    return max(1, min(cfg.recipe("save_every"), max_steps // wanted))
+    return min(cfg.recipe("save_every"), max(MIN_SAVE_EVERY, max_steps // wanted))
 
 
 def resolve_save_minutes(cfg: TrainConfig) -> float | None:
-    """Minutes between time-based checkpoints (besides those by updates): --save-every-minutes, or max_time / 20
-    (at most 10) when --max-time is set, so that a run stopped by time leaves enough checkpoints to average; else
+    """Minutes between time-based checkpoints (besides those by updates): --save-every-minutes, or, when --max-time
+    is set, max-time / (AVERAGED_SHARE x its averaged checkpoints) (--max-time 20 averaging 5: every minute), at
+    least MIN_SAVE_MINUTES and at most 10, since the updates of a run stopped by time are not known in advance; else
     None (the presets save by updates)."""
     if cfg.save_every_minutes is not None:
         return cfg.save_every_minutes
     if cfg.max_time is not None:
-        return min(10.0, cfg.max_time / 20)
+        wanted = max(resolve_average_last(cfg), 1) * AVERAGED_SHARE
+        return min(10.0, max(MIN_SAVE_MINUTES, cfg.max_time / wanted))
     return None
+
+
+def resolve_averaging(cfg: TrainConfig, max_steps: int, save_every: int,
+                      save_minutes: float | None) -> tuple[int, str | None]:
+    """Checkpoints averaged into averaged.pt at the end, and why fewer than asked (None: as asked).
+
+    Where nmt chose the interval (no --save-every, no --save-every-minutes), the average covers at most the run's
+    last quarter: the checkpoints that fit there at the floors (MIN_SAVE_EVERY updates, MIN_SAVE_MINUTES) apart. A
+    run too short for two of them gets averaged.pt all the same, holding its final weights, and says so."""
+    asked = resolve_average_last(cfg)
+    fits = []
+    if cfg.save_every is None:
+        fits.append((max_steps // AVERAGED_SHARE // save_every + 1, f"{max_steps} updates",
+                     f"{save_every} updates"))
+    if cfg.max_time is not None and cfg.save_every_minutes is None and save_minutes:
+        fits.append((int(cfg.max_time / AVERAGED_SHARE / save_minutes + 1e-9) + 1, _minutes(cfg.max_time),
+                     _minutes(save_minutes)))
+    if asked <= 1 or not fits:
+        return asked, None
+    n, length, apart = min(fits)
+    if n >= asked:
+        return asked, None
+    if n == 1:
+        return 1, (f"a run of {length} is too short to average: checkpoints {apart} apart leave one in its last "
+                   "quarter, so averaged.pt holds the final weights (--save-every or --save-every-minutes to average)")
+    return n, (f"a run of {length} averages its last {n} checkpoints, not {asked}: checkpoints {apart} apart fit "
+               f"{n} in its last quarter (--save-every or --save-every-minutes to average more)")
+
+
+def _minutes(value: float) -> str:
+    return f"{value:g} minute" + ("" if value == 1 else "s")
+
+
+def resolve_valid_every(cfg: TrainConfig, save_every: int) -> int:
+    """Updates between validations: --valid-every, else at the checkpoints saved by updates (`save_every`), or
+    at every few of them in a short run, so that validations are at least MIN_VALID_EVERY updates apart (the
+    1200-update tiny demo saves every 60 and validates every 240)."""
+    if cfg.valid_every is not None:
+        return cfg.valid_every
+    return save_every * math.ceil(MIN_VALID_EVERY / save_every)
+
+
+def resolve_valid_minutes(cfg: TrainConfig, save_minutes: float | None) -> float | None:
+    """Minutes between validations by time: --valid-every-minutes, else, in a run that saves by time, every
+    `save_minutes` but at least VALID_MINUTES apart (a validation of the valid split takes seconds to minutes, a
+    checkpoint far less: --save-every-minutes 0.5 must not validate every 30 s); else None."""
+    if cfg.valid_every_minutes is not None:
+        return cfg.valid_every_minutes
+    return None if save_minutes is None else max(save_minutes, VALID_MINUTES)
 
 
 def resolve_keep_last(cfg: TrainConfig) -> int:

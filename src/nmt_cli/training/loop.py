@@ -3,8 +3,8 @@
     for each update (reader.py: the next processes x update-freq batches, dealt to the ranks; their real tokens):
         accumulate update_freq micro-batches (DDP gradient sync only on the last), label-smoothed loss summed
         gradients /= the update's target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
-        stop? save? raised by any rank, agreed by all a step later (runtime.Votes)
-        log / validate (validate.py) / save (checkpoints.py) / stop
+        stop? save? validate? (by the clock) raised by any rank, agreed by all a step later (runtime.Votes)
+        log / validate (validate.py) / save (checkpoints.py) / stop, each on its own schedule (checkpoints.Periodic)
 
 Only rank 0 logs and writes files. The Trainer holds the model, the optimizer and the counters, and runs the loop;
 beside it: `reader.py` (the data position, each epoch's order, prefetch), `checkpoints.py` (what is saved when, the
@@ -36,8 +36,8 @@ from nmt_cli.runtime.memory import SAFETY, out_of_memory_advice
 from nmt_cli.training.checkpoints import (
     BEST,
     LAST,
+    Periodic,
     RunCheckpoints,
-    SaveSchedule,
     restore,
     rng_state,
     train_state,
@@ -96,6 +96,10 @@ class TrainResult:
     signum: int | None = None
     history: list = field(default_factory=list)
     ranks_agree: bool | None = None  # distributed runs: every rank ended with bitwise identical weights
+    validations: int = 0  # over the whole run (all its resumes), and the seconds they took
+    valid_seconds: float = 0.0
+    saves: int = 0  # checkpoint_last.pt writes (with their checkpoint_<step>.pt), and the seconds that writing took
+    save_seconds: float = 0.0  # (checkpoint_best.pt and the averaging at the end included)
     already: str | None = None  # the run had reached this stop before this command: nothing was trained
 
 
@@ -126,6 +130,11 @@ class Trainer:
                                           **_adam_impl(device))
         self.scaler = rt.make_scaler()
         self.step, self.elapsed, self.overflows = 0, 0.0, 0  # (elapsed: seconds of training, over all resumes)
+        # what validating and saving cost, over all resumes (the end of the run reports their share of `elapsed`)
+        self.validations, self.valid_seconds, self.saves, self.save_seconds = 0, 0.0, 0, 0.0
+        self.metrics: MetricsLog | None = None  # rank 0's log, while fit() runs
+        self.session_start: float | None = None  # time.monotonic() when fit() started, and `elapsed` then
+        self.elapsed_before = 0.0
         self.best = Best("valid_bleu" if cfg.valid_bleu else "valid_nll")  # what "best" means, and patience
         self.probed: int | None = None  # --max-tokens auto: the micro-batch the probe found (probe.py)
         self.probe_source = ""  # where `probed` came from, for the run's header
@@ -263,15 +272,21 @@ class Trainer:
         return out
 
     def _validate_and_track(self, metrics: MetricsLog) -> dict | None:
+        start = time.monotonic()
         valid = self.validate()
         if valid is None:
             return None
+        seconds = time.monotonic() - start
+        self.validations += 1
+        self.valid_seconds += seconds
         improved = self.best.improved(valid, self.step)
         if improved and self.rt.is_main:
+            start = time.monotonic()
             self.checkpoints.save_best(self.module, self._meta(valid))
+            self.save_seconds += time.monotonic() - start
         record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **valid,
                   f"best_{self.best.criterion}": self.best.value, "improved": improved,
-                  "criterion": self.best.criterion}
+                  "criterion": self.best.criterion, "seconds": round(seconds, 3)}
         metrics.write(record)
         self._emit(record)
         return valid
@@ -279,11 +294,20 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------------------------------
 
     def save(self, periodic: bool, valid: dict | None) -> None:
-        """checkpoint_last.pt (full state) and, if `periodic`, checkpoint_<step>.pt (weights). Collective."""
+        """checkpoint_last.pt (full state) and, if `periodic`, checkpoint_<step>.pt (weights). Collective. Rank 0
+        counts and times it (metrics.jsonl's `save` records; the training state it writes counts it, without its
+        seconds, not known yet)."""
+        start = time.monotonic()
         rngs = self.rt.gather_objects(rng_state(self.rt.device))
         if self.rt.is_main:
+            self.saves += 1
             path = self.checkpoints.save(self.module, self._meta(valid), train_state(self, rngs), periodic)
-            self._emit({"kind": "save", "step": self.step, "path": str(path), "periodic": periodic})
+            seconds = time.monotonic() - start
+            self.save_seconds += seconds
+            record = {"kind": "save", "step": self.step, "periodic": periodic, "seconds": round(seconds, 3)}
+            if self.metrics is not None:
+                self.metrics.write(record)
+            self._emit({**record, "path": str(path)})
 
     def _meta(self, valid: dict | None) -> dict:
         return {"step": self.step, "epoch": self.epoch, "preset": self.cfg.preset, **(valid or {})}
@@ -292,7 +316,9 @@ class Trainer:
         n = self.plan.average_last
         if not n or not self.rt.is_main:
             return None
+        start = time.monotonic()
         path, used = self.checkpoints.average(n, lambda message: self._emit({"kind": "note", "message": message}))
+        self.save_seconds += time.monotonic() - start
         self._emit({"kind": "averaged", "path": str(path), "n": used, "wanted": n})
         return str(path)
 
@@ -326,7 +352,7 @@ class Trainer:
 
     def _fit(self) -> TrainResult:
         cfg, plan, rt = self.cfg, self.plan, self.rt
-        metrics = MetricsLog(self.out_dir, rt.is_main)
+        metrics = self.metrics = MetricsLog(self.out_dir, rt.is_main)
         if rt.is_main:  # (the other ranks neither log nor display)
             start = {**start_event(self), "tensorboard_note": metrics.note}
             metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
@@ -335,25 +361,26 @@ class Trainer:
         last_window = window
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
         shown: dict = {}  # the last loss figures read (for the live display between log lines)
-        session_start = time.monotonic()
-        schedule = SaveSchedule(plan.save_every, plan.save_minutes, session_start)  # (checkpoints.py)
-        elapsed_before = self.elapsed
-        validated_at = -1
+        session_start = self.session_start = time.monotonic()
+        saves = Periodic(plan.save_every, plan.save_minutes, session_start)  # (checkpoints.py)
+        valids = Periodic(plan.valid_every, plan.valid_minutes, session_start)
+        elapsed_before = self.elapsed_before = self.elapsed
         watch = cpus.Watch() if plan.recheck_threads and rt.device.type == "cpu" else None
-        votes = Votes(rt)  # stop and save, agreed by every rank (a step late where there are several)
+        votes = Votes(rt)  # stop, save and validate, agreed by every rank (a step late where there are several)
         with StopSignals() as signals:
             while self.step < plan.max_steps:
                 t0 = time.monotonic()
                 self.elapsed = elapsed_before + t0 - session_start
                 out_of_time = bool(cfg.max_time) and self.elapsed >= cfg.max_time * 60
-                time_to_save = schedule.time_to_save(t0)
+                time_to_save, time_to_validate = saves.time_is_up(t0), valids.time_is_up(t0)
                 update = self.reader.next_update()
                 if update is None:
                     stopped_by = "max_epochs"
                     break
                 stats = self.update(update)
-                stop, save_now = votes.exchange(signals.signum is not None or (rt.is_main and out_of_time),
-                                                rt.is_main and time_to_save)
+                stop, save_now, validate_now = votes.exchange(
+                    signals.signum is not None or (rt.is_main and out_of_time), rt.is_main and time_to_save,
+                    rt.is_main and time_to_validate)
                 if stats.skipped:
                     self.overflows += 1
                     self._emit({"kind": "overflow", "step": self.step, "overflows": self.overflows})
@@ -382,14 +409,16 @@ class Trainer:
                 if stop:
                     stopped_by = "signal" if signals.signum is not None else "max_time"
                     break
-                save_due = schedule.due(self.step, save_now)
-                if save_due or (cfg.valid_every and self.step % cfg.valid_every == 0):
+                save_due, valid_due = saves.due(self.step, save_now), valids.due(self.step, validate_now)
+                if save_due or valid_due:
                     window.add_losses(*self._read_losses(pending))  # never validate or save a diverged model
-                    valid, validated_at = self._validate_and_track(metrics), self.step
-                    if save_due:
-                        self.save(periodic=True, valid=valid)
-                        schedule.saved(self.step)
-                    if cfg.patience and self.bad_valids >= cfg.patience:
+                    if valid_due:
+                        valid = self._validate_and_track(metrics)
+                        valids.done(self.step)
+                    if save_due:  # (its checkpoint records the validation figures of its own update only)
+                        self.save(periodic=True, valid=valid if valids.done_at == self.step else None)
+                        saves.done(self.step)
+                    if valid_due and cfg.patience and self.best.bad >= cfg.patience:
                         stopped_by = "patience"
                         break
             votes.drain()
@@ -398,13 +427,13 @@ class Trainer:
             if stopped_by == "signal":
                 # torchrun kills a process 30 s after SIGTERM: save the state first, and nothing else
                 self.reader.close()
-                if schedule.saved_at != self.step:
+                if saves.done_at != self.step:
                     self.save(periodic=False, valid=None)
                 return self._finish(metrics, stopped_by, signum, None, None, history, None)
         # the end: validate and save the final state unless that just happened
-        if validated_at != self.step:
+        if valids.done_at != self.step:
             valid = self._validate_and_track(metrics)
-        if schedule.saved_at != self.step:
+        if saves.done_at != self.step:
             self.save(periodic=True, valid=valid)
         averaged = self._average_at_end()
         digests = self.rt.gather_objects(weights_digest(self.module)) if rt.distributed else None
@@ -413,16 +442,22 @@ class Trainer:
     def _finish(self, metrics: MetricsLog, stopped_by: str, signum: int | None, valid: dict | None,
                 averaged: str | None, history: list, digests: list | None) -> TrainResult:
         best = self.out_dir / BEST
+        if self.session_start is not None:  # (the end's validation, save and averaging count in the run's time)
+            self.elapsed = self.elapsed_before + time.monotonic() - self.session_start
         result = TrainResult(
             out_dir=str(self.out_dir), step=self.step, epoch=self.epoch, elapsed=self.elapsed, stopped_by=stopped_by,
             last=str(self.out_dir / LAST), best=str(best) if best.exists() else None, averaged=averaged, valid=valid,
             best_valid=self.best.value, criterion=self.best.criterion, best_step=self.best.step,
             overflows=self.overflows,
-            signum=signum, history=history, ranks_agree=None if digests is None else len(set(digests)) == 1)
+            signum=signum, history=history, ranks_agree=None if digests is None else len(set(digests)) == 1,
+            validations=self.validations, valid_seconds=self.valid_seconds, saves=self.saves,
+            save_seconds=self.save_seconds)
         self.reader.close()
         metrics.write({"kind": "end", "step": self.step, "stopped_by": stopped_by, "elapsed": self.elapsed,
                        f"best_{self.best.criterion}": self.best.value, "best_step": self.best.step,
-                       "overflows": self.overflows})
+                       "overflows": self.overflows, "validations": self.validations,
+                       "valid_seconds": round(self.valid_seconds, 3), "saves": self.saves,
+                       "save_seconds": round(self.save_seconds, 3)})
         metrics.close()
         self._emit({"kind": "end", **asdict(result)})
         return result

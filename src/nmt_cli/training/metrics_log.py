@@ -112,6 +112,8 @@ def start_event(trainer: Trainer) -> dict:
         "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, trainer.cfg.lr), "warmup": plan.warmup,
         "max_steps": plan.max_steps, "max_time": trainer.cfg.max_time, "max_epochs": trainer.cfg.max_epochs,
         "save_every": plan.save_every, "save_minutes": plan.save_minutes, "average_last": plan.average_last,
+        "average_note": plan.average_note, "valid_every": plan.valid_every, "valid_minutes": plan.valid_minutes,
+        "has_valid": plan.has_valid,
         "lr_at_end": inverse_sqrt_lr(plan.max_steps, plan.model_config.d_model, plan.warmup, trainer.cfg.lr),
         "slow_precision": slow_bf16_warning(DTYPES.get(trainer.rt.precision), trainer.rt.device),
         "resumed_at": trainer.step if plan.resume_from else None,

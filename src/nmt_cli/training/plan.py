@@ -28,11 +28,13 @@ from nmt_cli.training.config import (
     BatchPlan,
     TrainConfig,
     real_update_freq,
-    resolve_average_last,
+    resolve_averaging,
     resolve_batching,
     resolve_keep_last,
     resolve_save_every,
     resolve_save_minutes,
+    resolve_valid_every,
+    resolve_valid_minutes,
 )
 from nmt_cli.training.runtime import Launch, Runtime, plan_launch, torchrun_env
 from nmt_cli.training.schedule import peak_lr
@@ -55,6 +57,9 @@ class RunPlan:
     save_minutes: float | None  # and minutes, when the run saves by time too (--save-every-minutes, --max-time)
     keep_last: int
     average_last: int  # checkpoints averaged into averaged.pt at the end (0: none)
+    average_note: str | None  # why fewer than --average-last (a short run: resolve_averaging), for the header
+    valid_every: int  # updates between validations (and one at the end)
+    valid_minutes: float | None  # and minutes, when the run validates by time too
     langs: dict
     rows: np.ndarray | None  # a multilingual run's training rows of an epoch (sampled by --lang-temperature); None: all
     resume_from: str | None
@@ -111,13 +116,16 @@ def plan_run(cfg: TrainConfig) -> RunPlan:
     # Rank 0 decides whether and from where to resume (`agree_on_resume`): the other ranks' run directories may
     # not be the same storage (several nodes), and a rank refusing here would leave the others waiting for it.
     max_steps = cfg.max_steps or cfg.recipe("max_steps")
+    save_every, save_minutes = resolve_save_every(cfg, max_steps), resolve_save_minutes(cfg)
+    average_last, average_note = resolve_averaging(cfg, max_steps, save_every, save_minutes)
     resume_from, state = (_check_resume(cfg, out_dir, model_config, tokenizer.key())
                           if env is None or env[0] == 0 else (None, None))
     return RunPlan(
         cfg=cfg, launch=launch, model_config=model_config, batching=batching,
         warmup=cfg.warmup or cfg.recipe("warmup"), max_steps=max_steps,
-        save_every=resolve_save_every(cfg, max_steps), save_minutes=resolve_save_minutes(cfg),
-        keep_last=resolve_keep_last(cfg), average_last=resolve_average_last(cfg),
+        save_every=save_every, save_minutes=save_minutes, keep_last=resolve_keep_last(cfg),
+        average_last=average_last, average_note=average_note, valid_every=resolve_valid_every(cfg, save_every),
+        valid_minutes=resolve_valid_minutes(cfg, save_minutes),
         langs=_langs(manifest), rows=rows, resume_from=resume_from,
         finished=_finished(cfg, state, max_steps),
         init_from=init_from, has_valid="valid" in manifest["splits"],
@@ -380,7 +388,8 @@ def write_run_config(plan: RunPlan) -> None:
         "update_tokens": plan.batching.update_tokens, "max_tokens_per_update": plan.batching.max_tokens_per_update,
         "warmup": plan.warmup, "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, plan.cfg.lr),
         "max_steps": plan.max_steps, "save_every": plan.save_every, "save_every_minutes": plan.save_minutes,
-        "keep_last": plan.keep_last, "average_last": plan.average_last,
+        "keep_last": plan.keep_last, "average_last": plan.average_last, "valid_every": plan.valid_every,
+        "valid_every_minutes": plan.valid_minutes,
         "langs": plan.langs, "resumed_from": plan.resume_from,
     }
     write_text(out / CONFIG_JSON, json.dumps(resolved, indent=2) + "\n", write_error)
