@@ -22,6 +22,9 @@ from nmt_cli.decoding.state import SearchState
 # vocabulary (a multi-block radix select) is a large share of a step's kernel time (docs/results.md, GPU); the
 # blocks are yet to be measured there (bench/tools/graph_ab.py times both).
 BLOCK_DEVICES = ("cpu",)
+# Where `finalize` may read from the device within a step (free on a CPU, a wait for the device elsewhere): a step
+# with no EOS candidate then skips the bookkeeping of finished hypotheses.
+READ_DEVICES = ("cpu",)
 
 
 class BeamSearch:
@@ -99,9 +102,15 @@ def finalize(state: SearchState, t: int | Tensor, scores: Tensor, beams: Tensor,
              cfg: SearchConfig) -> None:
     """Record the EOS candidates ranked within the first K, in rank order, while a sentence holds fewer than K
     finished hypotheses; update `state.done`. Tensor operations only: the slot of each EOS candidate is its
-    sentence's count plus its rank among them, and each slot takes the candidate aimed at it (if any)."""
+    sentence's count plus its rank among them, and each slot takes the candidate aimed at it (if any). Where the
+    host may read (READ_DEVICES), a step with no EOS candidate (most steps) only marks the sentences at their maximum
+    length: `done` already holds the rest, which only EOS candidates change."""
     k = state.per
-    eos = (tokens[:, :k] == EOS_ID) & torch.isfinite(scores[:, :k]) & ~state.done.unsqueeze(1)  # [N, K]
+    eos = tokens[:, :k] == EOS_ID  # [N, K]
+    if eos.device.type in READ_DEVICES and not eos.any():  # no hypothesis ends (most steps)
+        state.done = state.done | (state.max_len <= t + 1)
+        return
+    eos &= torch.isfinite(scores[:, :k]) & ~state.done.unsqueeze(1)
     top = cfg.stops_at_top()
     if top:
         state.top_ended |= eos[:, 0]

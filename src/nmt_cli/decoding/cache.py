@@ -89,6 +89,7 @@ class Segment:
         self._kv_room: list[Tensor] | None = None  # per layer, the buffer its `kv` is the leading [:, :N] part of
         self.slots: Slots | None = None  # beams > 1 (made with the first buffers)
         self.offsets: Offsets | None = None  # merged rows that start at different columns
+        self._views: tuple = (None, [])  # (the cross it was made of, its per-layer views): `_cross_views`
         self._set_pad(src_pad)
 
     def _set_pad(self, src_pad: Tensor | None) -> None:
@@ -159,9 +160,9 @@ class Segment:
         d, n, beams = qkv.size(1) // 3, self.sentences, self.beams
         kv = self.kv[layer]  # [2, N, H, C, B, K]
         new = qkv[:, d:].view(n, beams, 2, h, d_k).permute(2, 0, 3, 1, 4)  # [2, N, H, B, K]
-        self.layout.write(kv, 3, new.to(kv.dtype), self.length, self.pos)
+        self.layout.write(kv, 3, new if new.dtype == kv.dtype else new.to(kv.dtype), self.length, self.pos)
         w = self.window  # attention over [N x H] batches of a sentence's [w x B] keys (views of the cache)
-        k, v = kv[0, :, :, :w].reshape(n * h, w * beams, d_k), kv[1, :, :, :w].reshape(n * h, w * beams, d_k)
+        k, v = kv.narrow(3, 0, w).view(2, n * h, w * beams, d_k).unbind(0)
         if beams == 1:  # [N, H, 1, K] is already the rows' layout
             attend(qkv[:, :d].reshape(n * h, 1, d_k), k, v, mask, out.view(n * h, 1, d_k))
             return
@@ -172,14 +173,23 @@ class Segment:
         """Encoder-decoder attention of this segment's rows, q [R, D] -> out [R, D], against its per-sentence keys
         and values (a sentence's beams folded into the query dimension)."""
         h, d_k = self.cross.size(3), self.cross.size(5)
-        n, s = self.sentences, self.cross.size(4)
+        n = self.sentences
         beams, b = q.size(0) // n, n * h
         q = q.view(n, beams, h, d_k).transpose(1, 2).reshape(b, beams, d_k)
-        k, v = self.cross[layer, 0].reshape(b, s, d_k), self.cross[layer, 1].reshape(b, s, d_k)
+        k, v = self._cross_views()[layer]
         if beams == 1:  # [N, H, 1, K] is already the rows' layout
             attend(q, k, v, self.pad, out.view(b, 1, d_k))
         else:
             out.view(n, beams, h, d_k).copy_(attend(q, k, v, self.pad).view(n, h, beams, d_k).transpose(1, 2))
+
+    def _cross_views(self) -> list[tuple[Tensor, Tensor]]:
+        """Per layer, the encoder-decoder keys and values as [N x H, S, K] batches: made once for each `cross` (every
+        change of it makes a new tensor), not at every step."""
+        if self._views[0] is not self.cross:
+            _, _, n, h, s, d_k = self.cross.shape
+            per_layer = [tuple(x.reshape(n * h, s, d_k) for x in layer.unbind(0)) for layer in self.cross.unbind(0)]
+            self._views = (self.cross, per_layer)
+        return self._views[1]
 
     def make_room(self) -> None:
         """Before a step: buffers with room for position `length` (host; grows at bucket boundaries), the rows' own
@@ -187,6 +197,7 @@ class Segment:
         values)."""
         if self.offsets is not None:
             self.offsets.rows(self.beams, self.cross.device)
+        self._cross_views()
         need = self.length + 1
         if self.kv is None or self.capacity < need:
             self._grow(bucket(need))
@@ -334,6 +345,9 @@ class DecoderCache:
         segments' are padding) -> the heads' outputs [R', D] (0 past the segments' rows), the new keys and values
         written into the cache. `masks`: `self_masks()` of this step."""
         out = qkv.new_empty((qkv.size(0), qkv.size(1) // 3))
+        if len(self.segments) == 1 and self.segments[0].rows == out.size(0):  # (one segment, no padding rows)
+            self.segments[0].self_attend(layer, qkv, out, masks[0])
+            return out
         first = 0
         for seg, mask in zip(self.segments, masks, strict=True):
             seg.self_attend(layer, qkv.narrow(0, first, seg.rows), out.narrow(0, first, seg.rows), mask)
@@ -343,6 +357,9 @@ class DecoderCache:
     def cross_attend(self, layer: int, q: Tensor) -> Tensor:
         """Encoder-decoder attention at decoder layer `layer`: q [R', D] -> [R', D] (as `self_attend`)."""
         out = torch.empty_like(q)
+        if len(self.segments) == 1 and self.segments[0].rows == out.size(0):
+            self.segments[0].cross_attend(layer, q, out)
+            return out
         first = 0
         for seg in self.segments:
             seg.cross_attend(layer, q.narrow(0, first, seg.rows), out.narrow(0, first, seg.rows))

@@ -119,13 +119,15 @@ class Sources(NamedTuple):
 
 def source_batch(seqs: list[list[int]], device) -> Sources:
     """`seqs` (token ids with EOS, none empty) as a Sources batch on `device`, padded on the host and copied once
-    (asynchronously from page-locked memory to a GPU)."""
-    width = max(len(s) for s in seqs)
+    (asynchronously from page-locked memory to a GPU). No padding mask where every sequence has the batch's length
+    (one sentence, always): the encoder and every step's encoder-decoder attention then mask nothing."""
+    lengths = [len(s) for s in seqs]
+    width = max(lengths)
     src = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
     for row, s in enumerate(seqs):
         src[row, : len(s)] = torch.tensor(s, dtype=torch.long)
-    mask = src == PAD_ID
-    return Sources(to_device(src, device), to_device(mask, device), [len(s) for s in seqs])
+    mask = None if min(lengths) == width else to_device(src == PAD_ID, device)
+    return Sources(to_device(src, device), mask, lengths)
 
 
 class Kept(list):
