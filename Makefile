@@ -1,6 +1,7 @@
 # nmt: `make demo` installs and runs the whole pipeline on the embedded sample corpus;
 # `make test` installs (with the export extra: CTranslate2 and transformers, CPU builds; the serve extra and its test
-# clients) and runs the unit tests.
+# clients) and runs the unit tests, LibreTranslate's own API tests among them (their wheel fetched by pip into
+# .cache/libretranslate/ on the first run; skipped offline).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin

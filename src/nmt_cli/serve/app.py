@@ -217,8 +217,8 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         source, target = service_code(fields, "source"), service_code(fields, "target")
         ext = files.extension(name)
         if ext not in files.FORMATS:
-            raise RequestError(400, f"Invalid request: file format not supported: {ext or 'no extension'} "
-                                    f"(this server translates {', '.join(files.FORMATS)})")
+            # LibreTranslate's text; /frontend/settings' supportedFilesFormat lists the formats
+            raise RequestError(400, "Invalid request: file format not supported")
         if not data:
             raise RequestError(400, "Invalid request: empty file")
         if len(data) > limits.file_bytes:
@@ -331,7 +331,7 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
             Route("/translate_file", translate_file, methods=["POST"]),
             Route("/download_file/{filename}", download_file, methods=["GET"], name="download_file"),
             Route("/suggest", suggest, methods=["POST"]),
-            Route("/languages", languages, methods=["GET", "POST"]),
+            Route("/languages", languages, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/info", info, methods=["GET"]),
             Route("/spec", openapi, methods=["GET"]),
