@@ -75,6 +75,22 @@ def test_json_string_and_list_translate_as_the_python_api(server, reference):
     assert r.json()["translatedText"] == f"{best[0]}\n{best[1]}\r\n\n{best[2]}"
 
 
+def test_nothing_to_translate_comes_back_as_given(server, reference):
+    """As LibreTranslate: an emoji, a number, a URL alone come back unchanged, alone, in a list, as a line of q, as a
+    form; the lines with letters beside them are translated as before; alternatives and scores as a line's."""
+    best = [h[0].text for h in reference(LINES[:2])]
+    for q in ("🙂", "42", "https://example.org/a-cat", "  ...  "):
+        assert post(server, {"q": q, "source": "en", "target": "de"}).json() == {"translatedText": q}
+        assert post(server, data={"q": q, "source": "en", "target": "de"}).json() == {"translatedText": q}
+    r = post(server, {"q": ["🙂", LINES[0], "1984"], "source": "en", "target": "de", "alternatives": 1, "scores": True})
+    assert r.json()["translatedText"] == ["🙂", best[0], "1984"]
+    assert r.json()["alternatives"][0] == ["🙂"] and r.json()["scores"][2] == [0.0, 0.0]
+    r = post(server, {"q": f"{LINES[0]}\n👍\n{LINES[1]}", "source": "auto", "target": "de"})
+    assert r.json()["translatedText"] == f"{best[0]}\n👍\n{best[1]}"
+    r = post(server, {"q": "🙂", "source": "auto", "target": "de"}).json()
+    assert r == {"translatedText": "🙂", "detectedLanguage": {"confidence": 0.0, "language": "en"}}
+
+
 def test_the_libretranslate_client_and_form_data(server, reference):
     best = [h[0].text for h in reference(LINES[:3])]
     client = libretranslatepy.LibreTranslateAPI(server.url)

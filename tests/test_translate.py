@@ -105,9 +105,28 @@ def test_empty_lines_give_empty_lines_and_keep_alignment(ckpt_path):
     inputs = ["the cat", "", "   ", "a dog sees the house", ""]
     out = run_stream(translator(ckpt_path), ("\n".join(inputs) + "\n").encode())
     assert len(out) == 5
-    assert out[1] == out[2] == out[4] == ""
+    assert out[1] == out[4] == "" and out[2] == "   "  # (nothing to translate: as given)
     assert out[0] and out[3]
     assert out[3] == translator(ckpt_path).translate(["a dog sees the house"])[0][0][1]
+
+
+NOTHING_TO_TRANSLATE = ["🙂", "42", "3.14 %", "...", "https://example.org/a-cat?dog=1", "www.example.org",
+                        "cat@example.org", "🐶 🐱 !", ">>de<< 🙂"]
+
+
+def test_lines_with_nothing_to_translate_come_back_as_given(ckpt_path):
+    """As LibreTranslate: no letter (outside URLs and e-mail addresses), nothing for the model; a tag is not
+    text. Lines with letters around them are translated as before, in their place."""
+    tr = translator(ckpt_path)
+    mixed = ["the cat sleeps", *NOTHING_TO_TRANSLATE, "a dog", "", "🙂 the dog"]
+    out = tr.translate(mixed)
+    assert [hs[0].text for hs in out[1:len(NOTHING_TO_TRANSLATE) + 1]] == [*NOTHING_TO_TRANSLATE[:-1], "🙂"]
+    assert all(hs[0].score == 0.0 for hs in out[1:len(NOTHING_TO_TRANSLATE) + 1])
+    alone = tr.translate(["the cat sleeps", "a dog", "🙂 the dog"])
+    assert [out[i][0].text for i in (0, -3, -1)] == [hs[0].text for hs in alone]
+    assert out[-1][0].text != "🙂 the dog" and out[-2][0].text == ""
+    stream = run_stream(translator(ckpt_path), ("\n".join(mixed) + "\n").encode())
+    assert stream == [hs[0].text for hs in out]
 
 
 def test_invalid_utf8_is_replaced_with_one_warning_and_a_summary(ckpt_path, messages):

@@ -37,6 +37,7 @@ from nmt_cli.lines import iter_lines
 from nmt_cli.runtime import defaults
 from nmt_cli.runtime.memory import OutOfMemory, out_of_memory_advice
 from nmt_cli.runtime.precision import resolve_device, resolve_dtype, slow_bf16_warning
+from nmt_cli.segments import translatable
 
 # Batch size by padded source tokens when not given: on CPU, batches that keep the [beam x rows, vocabulary]
 # step tensors small are faster. Defined in defaults.py, which `nmt translate --help` shows too.
@@ -396,8 +397,12 @@ class Translator:
                   tgt_lang: str | None = None) -> list[list[Translation]]:
         """Raw lines -> per line, its hypotheses as Translation(score, text, ...), best first. `prefixes`:
         one target prefix per line ('' for none), kept verbatim at the start of each output. `tgt_lang`: a
-        multilingual model's target language (else the config's, or each line's own `>>xx<<` tag)."""
-        sources = self.encode(lines, first_line, tgt_lang)
+        multilingual model's target language (else the config's, or each line's own `>>xx<<` tag). A line with
+        nothing to translate (no letter: an emoji, a number, a URL alone; segments.py) and no prefix comes back as
+        given (without its `>>xx<<` tag), score 0."""
+        given = {i: text for i, text in enumerate(_untagged(line) for line in lines)
+                 if not translatable(text) and not (prefixes and prefixes[i])}
+        sources = self.encode([line if i not in given else "" for i, line in enumerate(lines)], first_line, tgt_lang)
         prefix_ids = self.encode_prefixes(prefixes, first_line) if prefixes is not None else None
         hyps = self.translate_ids(sources, prefix_ids)
         flat = [h for hs in hyps for h in hs]
@@ -410,10 +415,12 @@ class Translator:
             extras = self._analyse(lines, sources, hyps) if self.config.analyse else [(None, None, None)] * len(flat)
         it = iter(zip(flat, texts, extras, strict=True))
         out = []
-        for hs in hyps:
+        for i, hs in enumerate(hyps):
             row = []
             for _ in hs:
                 h, text, (token_scores, alignment, replaced) = next(it)
+                if i in given:
+                    text, replaced = given[i], None
                 row.append(Translation(h.score, _one_line(replaced if replaced is not None else text), token_scores,
                                   alignment))
             out.append(row)
@@ -447,6 +454,12 @@ class Translator:
                             if cfg.replace_unk else None)
                 out.append((a.token_scores if cfg.token_scores else None, column, replaced))
         return out
+
+
+def _untagged(line: str) -> str:
+    """`line` without the `>>xx<<` tag (and the space after it) that may start it."""
+    tag = language_tag(line)
+    return line if tag is None else line[len(tag) + 4:].lstrip(" ")
 
 
 def _keep_prefix(text: str, prefix: str, prefix_ids: list[int], tokenizer: Tokenizer) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
 from nmt_cli.inference.translate import Translator
+from nmt_cli.segments import translatable
 from nmt_cli.serve import html
 from nmt_cli.serve.detect import DetectError, Detector
 from nmt_cli.serve.engine import Engine, Job
@@ -87,13 +88,14 @@ class Plan:
 
     model: Model
     lines: list[str]  # every line of every text
-    pieces: list[list[str]]  # per text: its lines and line breaks, alternating (text at even indices)
+    pieces: list[list[str]]  # per text: its segments and what separates them (line breaks), alternating
     cfg: SearchConfig
     batch: bool  # q was a list
     alternatives: int
     scores: bool
     detected: dict | None  # source "auto": LibreTranslate's detectedLanguage
-    spans: list[tuple[int, int]] = field(default_factory=list)  # per text: its lines' range in `lines`
+    slots: list[list[int | None]] = field(default_factory=list)  # per text, per segment: its index in `lines`, or
+    # None for a segment that passes through as given (nothing to translate)
     docs: list[Document] | None = None  # format html: per q item its document, whose texts are the texts above
 
 
@@ -190,20 +192,23 @@ class Service:
     def plan_texts(self, model: Model, texts: list[str], cfg: SearchConfig, batch: bool = True,
                    alternatives: int = 0, scores: bool = False, detected: dict | None = None,
                    docs: list[Document] | None = None) -> Plan:
-        """A plan for texts already checked: each split into lines, the line breaks kept (413 past the batch
-        limit)."""
+        """A plan for texts already checked: each split into lines, the line breaks kept; the lines with nothing to
+        translate (segments.py) pass through (413 past the batch limit of lines to translate)."""
         pieces = [_LINE_BREAK.split(x) for x in texts]
-        lines, spans = [], []
+        lines, slots = [], []
         for p in pieces:
-            start = len(lines)
-            lines += p[0::2]
-            spans.append((start, len(lines)))
+            slot = []
+            for segment in p[0::2]:
+                slot.append(len(lines) if translatable(segment) else None)
+                if slot[-1] is not None:
+                    lines.append(segment)
+            slots.append(slot)
         if len(lines) > self.limits.batch_limit:
             raise RequestError(413, f"q has {len(lines)} lines; this server takes at most "
                                     f"{self.limits.batch_limit} per request")
         if model.tag is not None:  # the request's target, whatever tag a line may start with
-            lines = [f">>{model.tag}<< {line}" if line.strip() else line for line in lines]
-        return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, spans, docs)
+            lines = [f">>{model.tag}<< {line}" for line in lines]
+        return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, slots, docs)
 
     def default_config(self, model: Model) -> SearchConfig:
         return self._search_config(model, {}, 0)
@@ -279,16 +284,15 @@ class Service:
         ranks = 1 + plan.alternatives
         # per text, per rank: (translation, score)
         joined = []
-        for pieces, (start, end) in zip(plan.pieces, plan.spans, strict=True):
-            lines = per_line[start:end]
+        for pieces, slots in zip(plan.pieces, plan.slots, strict=True):
 
-            def join(rank: int, lines=lines, pieces=pieces) -> tuple[str, float]:
+            def join(rank: int, slots=slots, pieces=pieces) -> tuple[str, float]:
                 out, total = [], 0.0
                 for k, piece in enumerate(pieces):
-                    if k % 2:
-                        out.append(piece)  # the line break, as sent
+                    if k % 2 or slots[k // 2] is None:
+                        out.append(piece)  # a line break, or a segment with nothing to translate, as sent
                     else:
-                        hs = lines[k // 2]
+                        hs = per_line[slots[k // 2]]
                         score, text = hs[min(rank, len(hs) - 1)]
                         out.append(text)
                         total += score
