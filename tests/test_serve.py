@@ -95,8 +95,8 @@ def test_the_libretranslate_client_and_form_data(server, reference):
     best = [h[0].text for h in reference(LINES[:3])]
     client = libretranslatepy.LibreTranslateAPI(server.url)
     assert client.translate(LINES[0], "en", "de") == best[0]  # a urlencoded form, as the client sends it
-    assert client.languages() == [{"code": "de", "name": "German", "targets": []},
-                                  {"code": "en", "name": "English", "targets": ["de"]}]
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["de", "en"]},  # (a GET)
+                                  {"code": "de", "name": "German", "targets": ["de"]}]
     r = post(server, data={"q": LINES[1], "source": "en", "target": "de", "alternatives": "1"})
     assert r.json()["translatedText"] == best[1] and len(r.json()["alternatives"]) == 1
     r = httpx.post(server.url + "/translate", content="q=" + "&q=".join(LINES[:2]) + "&source=en&target=de",
@@ -112,7 +112,7 @@ def test_alternatives_scores_auto_and_decoding_options(server, reference):
     assert r["translatedText"] == nbest[0][0].text
     assert r["alternatives"] == [h.text for h in nbest[0][1:]]
     assert r["scores"] == pytest.approx([h.score for h in nbest[0]], abs=1e-3)
-    assert r["detectedLanguage"] == {"confidence": 100.0, "language": "en"}
+    assert r["detectedLanguage"]["language"] == "en"  # (among en and de: de is its own target)
     r = post(server, {"q": LINES[:2], "source": "en", "target": "de", "alternatives": "2"}).json()
     assert r["alternatives"] == [[h.text for h in hs[1:]] for hs in nbest]
     greedy = reference(LINES[:3], beam=1, lenpen=1.0, max_len_b=5)
@@ -125,9 +125,23 @@ def test_alternatives_scores_auto_and_decoding_options(server, reference):
     assert other != first
 
 
+def test_each_language_is_its_own_target(server):
+    """/languages lists each language as its own target, as LibreTranslate (its identity translation): the text
+    comes back as given, a form or JSON, a list, html, alternatives; options are still checked."""
+    text = "Ein Hund.\n  a cat 🙂"
+    for source, target in (("de", "de"), ("en", "en")):
+        r = post(server, {"q": text, "source": source, "target": target, "alternatives": 1})
+        assert r.json() == {"translatedText": text, "alternatives": [text]}
+        assert post(server, data={"q": text, "source": source, "target": target}).json() == {"translatedText": text}
+    r = post(server, {"q": ["<p>a <b>cat</b></p>", "x"], "source": "de", "target": "de", "format": "html"})
+    assert r.json() == {"translatedText": ["<p>a <b>cat</b></p>", "x"]}
+    assert "beam 99 is above" in error_of(post(server, {"q": "a", "source": "de", "target": "de", "beam": 99}), 400)
+
+
 def test_languages_health_info(server, ckpt):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
-    assert httpx.get(server.url + "/languages").json()[1] == {"code": "en", "name": "English", "targets": ["de"]}
+    assert httpx.get(server.url + "/languages").json() == [{"code": "en", "name": "English", "targets": ["de", "en"]},
+                                                           {"code": "de", "name": "German", "targets": ["de"]}]
     info = httpx.get(server.url + "/info").json()
     assert info["limits"]["batch_limit"] == 8 and info["limits"]["char_limit"] == 300
     assert info["models"][0]["source"] == "en" and info["models"][0]["precision"] == "fp32"
@@ -429,7 +443,7 @@ def test_a_checkpoint_without_languages_needs_langs(tmp_path, toy_tokenizer_byte
     assert r.returncode == 1 and "--langs SRC-TGT" in r.stderr
     s = Server("-m", str(path), "--langs", "fr-es")
     try:
-        assert httpx.get(s.url + "/languages").json()[0]["code"] == "es"
+        assert [lang["code"] for lang in httpx.get(s.url + "/languages").json()] == ["fr", "es"]  # (by name)
         assert post(s, {"q": "a cat", "source": "fr", "target": "es"}).status_code == 200
     finally:
         assert s.stop() == 0

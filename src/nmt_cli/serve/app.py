@@ -397,7 +397,7 @@ def frontend_settings(service: Service, files_on: bool, suggestions_on: bool) ->
     auto = len(sources) > 1
     source_code = "auto" if auto else sources[0]
     first = next(lang for lang in langs if lang["code"] == sources[0])
-    target_code = first["targets"][0]
+    target_code = next(t for t in first["targets"] if t != sources[0])  # (not the source's own)
     names = {lang["code"]: lang["name"] for lang in langs}
     limits = service.limits
     return {

@@ -76,6 +76,7 @@ class Model:
     target: str
     engine: Engine  # a multilingual model's directions share one
     tag: str | None = None  # a multilingual model: the target's code in its `>>xx<<` tag, put before each line
+    identity: bool = False  # source == target: the text comes back as given (the engine only checks options)
 
     @property
     def translator(self) -> Translator:
@@ -111,13 +112,15 @@ class Service:
     # ------------------------------------------------------------------ languages
 
     def languages(self) -> list[dict]:
-        """LibreTranslate's /languages: every language the models translate from or into, with its targets."""
-        codes = sorted({c for pair in self.models for c in pair})
+        """LibreTranslate's /languages: every language the models translate from or into, with its targets, itself
+        among them (LibreTranslate's identity translation: the text as given), in LibreTranslate's order
+        (argostranslate's: English first, then by name); the targets sorted by code, as LibreTranslate sorts them."""
+        codes = _ordered({c for pair in self.models for c in pair})
         return [{"code": c, "name": LANGUAGE_NAMES.get(c, c),
-                 "targets": sorted(t for s, t in self.models if s == c)} for c in codes]
+                 "targets": sorted({t for s, t in self.models if s == c} | {c})} for c in codes]
 
     def sources(self) -> list[str]:
-        return sorted({s for s, _ in self.models})
+        return _ordered({s for s, _ in self.models})
 
     def model(self, source: str, target: str, texts: list[str]) -> tuple[Model, dict | None]:
         """The model of a request's pair -> (model, LibreTranslate's detectedLanguage for source auto). The errors
@@ -127,12 +130,13 @@ class Service:
             if code not in codes and not (code == source == "auto"):
                 raise RequestError(400, f"{code[:40]} is not supported")
         detected = None
-        if source == "auto":
-            candidates = sorted(s for s, t in self.models if t == target)
-            if not candidates:
-                raise RequestError(400, f"{_name(target)} is not available as a target language")
+        if source == "auto":  # among the sources into target, and target itself (its text comes back as given)
+            candidates = _ordered({s for s, t in self.models if t == target} | {target})
             detected = self._rank("\n".join(texts), candidates)[0]
             source = detected["language"]
+        if source == target:  # an engine of the language's, for the options; nothing is translated
+            some = next(m for m in self.models.values() if target in (m.source, m.target))
+            return Model("identity", source, target, some.engine, identity=True), detected
         model = self.models.get((source, target))
         if model is None:
             raise RequestError(400, f"{_name(target)} is not available as a target language from {_name(source)}")
@@ -199,7 +203,7 @@ class Service:
         for p in pieces:
             slot = []
             for segment in p[0::2]:
-                slot.append(len(lines) if translatable(segment) else None)
+                slot.append(len(lines) if translatable(segment) and not model.identity else None)
                 if slot[-1] is not None:
                     lines.append(segment)
             slots.append(slot)
@@ -276,10 +280,9 @@ class Service:
         """LibreTranslate's response: translatedText (a string or a list, as q), alternatives when asked,
         detectedLanguage for source auto; nmt's `scores` when asked. `job` is None when there was no line to
         translate (an HTML document without text)."""
-        tok = plan.model.translator.tokenizer
         hyps = job.results if job is not None else []
         flat = [h for hs in hyps for h in hs]
-        texts = iter(tok.decode([h.tokens for h in flat])) if flat else iter(())
+        texts = iter(plan.model.translator.tokenizer.decode([h.tokens for h in flat])) if flat else iter(())
         per_line = [[(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
         ranks = 1 + plan.alternatives
         # per text, per rank: (translation, score)
@@ -373,6 +376,11 @@ def _code(fields: dict, name: str) -> str:
     if not isinstance(value, str):
         raise RequestError(400, f"Invalid request: {name} must be a language code (a string)")
     return value
+
+
+def _ordered(codes) -> list[str]:
+    """Language codes in LibreTranslate's order (argostranslate's): English first, then by name."""
+    return sorted(codes, key=lambda c: (c != "en", LANGUAGE_NAMES.get(c, c), c))
 
 
 def _name(code: str) -> str:
