@@ -91,6 +91,23 @@ def test_nothing_to_translate_comes_back_as_given(server, reference):
     assert r == {"translatedText": "🙂", "detectedLanguage": {"confidence": 0.0, "language": "en"}}
 
 
+def test_sentences_are_translated_one_by_one(server, reference):
+    """As LibreTranslate: a text is split into sentences (sentencex), each translated, joined back with the text's
+    own spacing and line breaks; JSON, forms, lists and html alike. (A request of two sentences lost the second.)"""
+    a, b, c = (f"{line}." for line in LINES[:3])
+    best = dict(zip([a, b, c], [h[0].text for h in reference([a, b, c])], strict=True))
+    r = post(server, {"q": f"{a} {b}", "source": "en", "target": "de"})
+    assert r.json() == {"translatedText": f"{best[a]} {best[b]}"}
+    assert post(server, data={"q": f"  {a}  {b}\n\n{c} 🙂", "source": "en", "target": "de"}).json() == {
+        "translatedText": f"  {best[a]}  {best[b]}\n\n{best[c]} 🙂"}  # (a form's line breaks, as sent)
+    r = post(server, {"q": [f"{a} {b}", c], "source": "en", "target": "de", "scores": True})
+    one = reference([a, b])
+    assert r.json()["translatedText"] == [f"{best[a]} {best[b]}", best[c]]
+    assert r.json()["scores"][0] == pytest.approx([one[0][0].score + one[1][0].score], abs=1e-3)
+    r = post(server, {"q": f"<p>{a} {b}</p>", "source": "en", "target": "de", "format": "html"})
+    assert r.json() == {"translatedText": f"<p>{best[a]} {best[b]}</p>"}
+
+
 def test_the_libretranslate_client_and_form_data(server, reference):
     best = [h[0].text for h in reference(LINES[:3])]
     client = libretranslatepy.LibreTranslateAPI(server.url)
@@ -197,7 +214,8 @@ def test_malformed_bodies(server, content, ctype, status, message):
 
 
 def test_limits_give_413(server):
-    assert "9 lines" in error_of(post(server, {"q": ["a cat"] * 9, "source": "en", "target": "de"}), 413)
+    assert "9 sentences" in error_of(post(server, {"q": ["a cat"] * 9, "source": "en", "target": "de"}), 413)
+    assert "10 sentences" in error_of(post(server, {"q": "A cat sleeps. A dog runs. " * 5, "source": "en", "target": "de"}), 413)
     assert "301 characters" in error_of(post(server, {"q": "a" * 301, "source": "en", "target": "de"}), 413)
     big = json.dumps({"q": "a", "pad": "x" * 200_000, "source": "en", "target": "de"})
     assert "bytes" in error_of(httpx.post(server.url + "/translate", content=big, timeout=60,

@@ -215,6 +215,13 @@ def test_file_names_are_never_paths(server, reference, tmp_path):
         assert httpx.get(server.url + "/download_file/" + bad).status_code == 404
 
 
+def test_a_files_paragraphs_are_translated_sentence_by_sentence(server, reference):
+    a, b = (f"{line}." for line in LINES[6:8])
+    ta, tb = reference([a, b])
+    r = _translate_file(server, "two.txt", f"{a}  {b}\n🙂\n".encode())
+    assert httpx.get(r.json()["translatedFileUrl"]).content.decode() == f"{ta}  {tb}\n🙂\n"
+
+
 @pytest.mark.parametrize("name,data,fields,status,message", [
     ("empty.txt", b"", {}, 400, "empty file"),
     ("doc.pdf", b"%PDF-1.4", {}, 400, "Invalid request: file format not supported"),

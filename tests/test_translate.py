@@ -129,6 +129,27 @@ def test_lines_with_nothing_to_translate_come_back_as_given(ckpt_path):
     assert stream == [hs[0].text for hs in out]
 
 
+def test_split_sentences_translates_each_sentence_of_a_line(ckpt_path, tmp_path):
+    """--split-sentences: a line is a paragraph, its sentences translated one by one (as lines) and joined back
+    with its own spacing, one line out per line in; off, the line is one input (as before)."""
+    pytest.importorskip("sentencex", reason="the sentences extra is not installed")
+    paragraphs = ["the cat sleeps. a dog runs!  🙂 the old man.", "", "  the red house.", "a child eats"]
+    sentences = ["the cat sleeps.", "a dog runs!", "🙂 the old man.", "the red house.", "a child eats"]
+    one = {s: hs for s, hs in zip(sentences, translator(ckpt_path, nbest=2).translate(sentences), strict=True)}
+    expected = [f"{one[sentences[0]][0].text} {one[sentences[1]][0].text}  {one[sentences[2]][0].text}", "",
+                f"  {one[sentences[3]][0].text}", one[sentences[4]][0].text]
+    out = translator(ckpt_path, split_sentences=True, nbest=2).translate(paragraphs)
+    assert [hs[0].text for hs in out] == expected
+    assert out[0][1].score == pytest.approx(sum(one[s][1].score for s in sentences[:3]))
+    assert out[0][0].text != translator(ckpt_path).translate(paragraphs[:1])[0][0].text  # off: one input
+    (tmp_path / "in.txt").write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
+    r = nmt("-m", str(ckpt_path), str(tmp_path / "in.txt"), "--split-sentences", "--beam", "4", "--max-len-b", "4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split("\n")[:-1] == expected
+    r = nmt("-m", str(ckpt_path), str(tmp_path / "in.txt"), "--split-sentences", "--token-scores")
+    assert r.returncode == 2 and b"--split-sentences" in r.stderr
+
+
 def test_invalid_utf8_is_replaced_with_one_warning_and_a_summary(ckpt_path, messages):
     text = b"the cat\nthe \xff dog\n\xc3\x28 red\nold man\n"
     out = run_stream(translator(ckpt_path, messages), text)

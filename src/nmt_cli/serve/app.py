@@ -234,7 +234,7 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         model, _ = service.model(source, target, doc.texts)
         cfg = service.default_config(model)
         out = []
-        for chunk in _chunks(doc.texts, limits.batch_limit, limits.char_limit):
+        for chunk in _chunks(doc.texts, limits.batch_limit, limits.char_limit, lambda t: service.sentences(model, t)):
             plan = service.plan_texts(model, chunk, cfg)
             out += service.answer(plan, await run(plan))["translatedText"]
         data = await run_in_threadpool(doc.build, out)
@@ -412,14 +412,15 @@ def frontend_settings(service: Service, files_on: bool, suggestions_on: bool) ->
     }
 
 
-def _chunks(texts: list[str], max_lines: int, max_chars: int):
-    """Texts in groups that each fit one request's limits (a text over them alone is a 413)."""
+def _chunks(texts: list[str], max_lines: int, max_chars: int, sentences):
+    """Texts in groups that each fit one request's limits, `sentences(text)` counting a text's sentences to translate
+    (a text over them alone is a 413)."""
     chunk, lines, chars = [], 0, 0
     for t in texts:
-        n = t.count("\n") + t.count("\r") - t.count("\r\n") + 1
+        n = sentences(t)
         if n > max_lines or len(t) > max_chars:
-            raise RequestError(413, f"a paragraph of the file has {len(t)} characters and {n} lines; this server "
-                                    f"takes at most {max_chars} characters and {max_lines} lines at a time")
+            raise RequestError(413, f"a paragraph of the file has {len(t)} characters and {n} sentences; this server "
+                                    f"takes at most {max_chars} characters and {max_lines} sentences at a time")
         if chunk and (lines + n > max_lines or chars + len(t) > max_chars):
             yield chunk
             chunk, lines, chars = [], 0, 0

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nmt_cli import segments
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
 from nmt_cli.inference.translate import Translator
@@ -39,7 +40,6 @@ SEARCH_FIELDS = {
     "no_repeat_ngram": ("no_repeat_ngram", int), "sampling": ("sampling", bool), "topk": ("topk", int),
     "topp": ("topp", float), "temperature": ("temperature", float), "seed": ("seed", int),
 }
-_LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
 
 class RequestError(Exception):
@@ -50,7 +50,7 @@ class RequestError(Exception):
 
 @dataclass
 class Limits:
-    batch_limit: int = 64  # sentences (lines) per request
+    batch_limit: int = 64  # sentences to translate per request
     char_limit: int = 10000  # characters per request, all of q
     queue_size: int = 1024  # sentences waiting or being translated, per model
     timeout: float = 60.0  # seconds a request may take
@@ -196,9 +196,10 @@ class Service:
     def plan_texts(self, model: Model, texts: list[str], cfg: SearchConfig, batch: bool = True,
                    alternatives: int = 0, scores: bool = False, detected: dict | None = None,
                    docs: list[Document] | None = None) -> Plan:
-        """A plan for texts already checked: each split into lines, the line breaks kept; the lines with nothing to
-        translate (segments.py) pass through (413 past the batch limit of lines to translate)."""
-        pieces = [_LINE_BREAK.split(x) for x in texts]
+        """A plan for texts already checked: each split into lines and sentences (segments.py), the line breaks and
+        spacing kept; the segments with nothing to translate pass through (413 past the batch limit of sentences to
+        translate)."""
+        pieces = [self.split(model, x) for x in texts]
         lines, slots = [], []
         for p in pieces:
             slot = []
@@ -208,11 +209,20 @@ class Service:
                     lines.append(segment)
             slots.append(slot)
         if len(lines) > self.limits.batch_limit:
-            raise RequestError(413, f"q has {len(lines)} lines; this server takes at most "
+            raise RequestError(413, f"q has {len(lines)} sentences to translate; this server takes at most "
                                     f"{self.limits.batch_limit} per request")
         if model.tag is not None:  # the request's target, whatever tag a line may start with
             lines = [f">>{model.tag}<< {line}" for line in lines]
         return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, slots, docs)
+
+    def split(self, model: Model, text: str) -> list[str]:
+        """A text's segments (its sentences, in the model's source language) and what separates them, alternating
+        (segments.split); the whole text for a language into itself, which is not translated."""
+        return [text] if model.identity else segments.split(text, model.source, sentences=True)
+
+    def sentences(self, model: Model, text: str) -> int:
+        """How many segments of `text` the model translates (what the batch limit counts)."""
+        return 0 if model.identity else sum(translatable(s) for s in self.split(model, text)[0::2])
 
     def default_config(self, model: Model) -> SearchConfig:
         return self._search_config(model, {}, 0)
