@@ -35,7 +35,7 @@ $(VENV)/.export: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,export]'
 	@touch $@
 
-# The serve extra (starlette, uvicorn, py3langid, python-docx) and the clients its tests talk to it with (httpx,
+# The serve extra (starlette, uvicorn, py3langid, python-docx, sentencex) and the clients its tests talk to it with (httpx,
 # libretranslatepy, and selenium for the web page, in the system's Chromium: .ci/run installs it).
 $(VENV)/.serve: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,serve,test-serve]'

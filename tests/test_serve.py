@@ -87,6 +87,9 @@ def test_nothing_to_translate_comes_back_as_given(server, reference):
     assert r.json()["alternatives"][0] == ["🙂"] and r.json()["scores"][2] == [0.0, 0.0]
     r = post(server, {"q": f"{LINES[0]}\n👍\n{LINES[1]}", "source": "auto", "target": "de"})
     assert r.json()["translatedText"] == f"{best[0]}\n👍\n{best[1]}"
+    r = post(server, {"q": "<p>12  34 <b>https://example.org</b></p>", "source": "en", "target": "de",
+                      "format": "html"})
+    assert r.json() == {"translatedText": "<p>12  34 <b>https://example.org</b></p>"}
     r = post(server, {"q": "🙂", "source": "auto", "target": "de"}).json()
     assert r == {"translatedText": "🙂", "detectedLanguage": {"confidence": 0.0, "language": "en"}}
 
