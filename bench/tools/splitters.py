@@ -2,14 +2,16 @@
 (English, German, French, Czech: the sample corpus, Multi30k and the multilingual recipe): abbreviations, initials,
 numbers, ellipses, quotes, brackets, URLs, questions and exclamations. Prints, per splitter, the paragraphs split
 exactly as the reference, the precision and recall of its sentence boundaries, whether the pieces keep every
-character (joined back they give the paragraph), and microseconds a paragraph (median of 5 rounds).
+character (joined back they give the paragraph), and microseconds a paragraph (median of --rounds rounds), then
+each paragraph it split otherwise.
 
     pip install pysbd sentencex sentence-splitter
-    python bench/tools/splitters.py
+    python bench/tools/splitters.py [--rounds 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -103,6 +105,9 @@ def boundaries(sentences: list[str]) -> set[int]:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="timing rounds over the set (the median is shown)")
+    args = parser.parse_args()
     print(f"{len(PARAGRAPHS)} paragraphs, {sum(len(s) for _, s in PARAGRAPHS)} sentences "
           f"({', '.join(sorted({lang for lang, _ in PARAGRAPHS}))})")
     print(f"{'splitter':26} {'exact':>7} {'precision':>9} {'recall':>7} {'lossless':>9} {'us/paragraph':>13}")
@@ -120,7 +125,7 @@ def main() -> None:
             g, p = boundaries(gold), boundaries([s.strip() for s in got])
             tp, fp, fn = tp + len(g & p), fp + len(p - g), fn + len(g - p)
         rounds = []
-        for _ in range(5):
+        for _ in range(args.rounds):
             start = time.perf_counter()
             for lang, gold in PARAGRAPHS:
                 split(lang, " ".join(gold))

@@ -89,7 +89,7 @@ class Plan:
 
     model: Model
     lines: list[str]  # every line of every text
-    pieces: list[list[str]]  # per text: its segments and what separates them (line breaks), alternating
+    pieces: list[list[str]]  # per text: its segments and what separates them (line breaks, spaces), alternating
     cfg: SearchConfig
     batch: bool  # q was a list
     alternatives: int
