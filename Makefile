@@ -1,6 +1,7 @@
 # nmt: `make demo` installs and runs the whole pipeline on the embedded sample corpus;
 # `make test` installs (with the export extra: CTranslate2 and transformers, CPU builds; the serve extra and its test
-# clients) and runs the unit tests.
+# clients) and runs the unit tests, LibreTranslate's own API tests among them (their wheel fetched by pip into
+# .cache/libretranslate/ on the first run; skipped offline).
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -34,7 +35,7 @@ $(VENV)/.export: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,export]'
 	@touch $@
 
-# The serve extra (starlette, uvicorn, py3langid, python-docx) and the clients its tests talk to it with (httpx,
+# The serve extra (starlette, uvicorn, py3langid, python-docx, sentencex) and the clients its tests talk to it with (httpx,
 # libretranslatepy, and selenium for the web page, in the system's Chromium: .ci/run installs it).
 $(VENV)/.serve: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[test,serve,test-serve]'

@@ -75,12 +75,48 @@ def test_json_string_and_list_translate_as_the_python_api(server, reference):
     assert r.json()["translatedText"] == f"{best[0]}\n{best[1]}\r\n\n{best[2]}"
 
 
+def test_nothing_to_translate_comes_back_as_given(server, reference):
+    """As LibreTranslate: an emoji, a number, a URL alone come back unchanged, alone, in a list, as a line of q, as a
+    form; the lines with letters beside them are translated as before; alternatives and scores as a line's."""
+    best = [h[0].text for h in reference(LINES[:2])]
+    for q in ("🙂", "42", "https://example.org/a-cat", "  ...  "):
+        assert post(server, {"q": q, "source": "en", "target": "de"}).json() == {"translatedText": q}
+        assert post(server, data={"q": q, "source": "en", "target": "de"}).json() == {"translatedText": q}
+    r = post(server, {"q": ["🙂", LINES[0], "1984"], "source": "en", "target": "de", "alternatives": 1, "scores": True})
+    assert r.json()["translatedText"] == ["🙂", best[0], "1984"]
+    assert r.json()["alternatives"][0] == ["🙂"] and r.json()["scores"][2] == [0.0, 0.0]
+    r = post(server, {"q": f"{LINES[0]}\n👍\n{LINES[1]}", "source": "auto", "target": "de"})
+    assert r.json()["translatedText"] == f"{best[0]}\n👍\n{best[1]}"
+    r = post(server, {"q": "<p>12  34 <b>https://example.org</b></p>", "source": "en", "target": "de",
+                      "format": "html"})
+    assert r.json() == {"translatedText": "<p>12  34 <b>https://example.org</b></p>"}
+    r = post(server, {"q": "🙂", "source": "auto", "target": "de"}).json()
+    assert r == {"translatedText": "🙂", "detectedLanguage": {"confidence": 0.0, "language": "en"}}
+
+
+def test_sentences_are_translated_one_by_one(server, reference):
+    """As LibreTranslate: a text is split into sentences (sentencex), each translated, joined back with the text's
+    own spacing and line breaks; JSON, forms, lists and html alike. (A request of two sentences lost the second.)"""
+    a, b, c = (f"{line}." for line in LINES[:3])
+    best = dict(zip([a, b, c], [h[0].text for h in reference([a, b, c])], strict=True))
+    r = post(server, {"q": f"{a} {b}", "source": "en", "target": "de"})
+    assert r.json() == {"translatedText": f"{best[a]} {best[b]}"}
+    assert post(server, data={"q": f"  {a}  {b}\n\n{c} 🙂", "source": "en", "target": "de"}).json() == {
+        "translatedText": f"  {best[a]}  {best[b]}\n\n{best[c]} 🙂"}  # (a form's line breaks, as sent)
+    r = post(server, {"q": [f"{a} {b}", c], "source": "en", "target": "de", "scores": True})
+    one = reference([a, b])
+    assert r.json()["translatedText"] == [f"{best[a]} {best[b]}", best[c]]
+    assert r.json()["scores"][0] == pytest.approx([one[0][0].score + one[1][0].score], abs=1e-3)
+    r = post(server, {"q": f"<p>{a} {b}</p>", "source": "en", "target": "de", "format": "html"})
+    assert r.json() == {"translatedText": f"<p>{best[a]} {best[b]}</p>"}
+
+
 def test_the_libretranslate_client_and_form_data(server, reference):
     best = [h[0].text for h in reference(LINES[:3])]
     client = libretranslatepy.LibreTranslateAPI(server.url)
     assert client.translate(LINES[0], "en", "de") == best[0]  # a urlencoded form, as the client sends it
-    assert client.languages() == [{"code": "de", "name": "German", "targets": []},
-                                  {"code": "en", "name": "English", "targets": ["de"]}]
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["de", "en"]},  # (a GET)
+                                  {"code": "de", "name": "German", "targets": ["de"]}]
     r = post(server, data={"q": LINES[1], "source": "en", "target": "de", "alternatives": "1"})
     assert r.json()["translatedText"] == best[1] and len(r.json()["alternatives"]) == 1
     r = httpx.post(server.url + "/translate", content="q=" + "&q=".join(LINES[:2]) + "&source=en&target=de",
@@ -96,7 +132,7 @@ def test_alternatives_scores_auto_and_decoding_options(server, reference):
     assert r["translatedText"] == nbest[0][0].text
     assert r["alternatives"] == [h.text for h in nbest[0][1:]]
     assert r["scores"] == pytest.approx([h.score for h in nbest[0]], abs=1e-3)
-    assert r["detectedLanguage"] == {"confidence": 100.0, "language": "en"}
+    assert r["detectedLanguage"]["language"] == "en"  # (among en and de: de is its own target)
     r = post(server, {"q": LINES[:2], "source": "en", "target": "de", "alternatives": "2"}).json()
     assert r["alternatives"] == [[h.text for h in hs[1:]] for hs in nbest]
     greedy = reference(LINES[:3], beam=1, lenpen=1.0, max_len_b=5)
@@ -109,9 +145,23 @@ def test_alternatives_scores_auto_and_decoding_options(server, reference):
     assert other != first
 
 
+def test_each_language_is_its_own_target(server):
+    """/languages lists each language as its own target, as LibreTranslate (its identity translation): the text
+    comes back as given, a form or JSON, a list, html, alternatives; options are still checked."""
+    text = "Ein Hund.\n  a cat 🙂"
+    for source, target in (("de", "de"), ("en", "en")):
+        r = post(server, {"q": text, "source": source, "target": target, "alternatives": 1})
+        assert r.json() == {"translatedText": text, "alternatives": [text]}
+        assert post(server, data={"q": text, "source": source, "target": target}).json() == {"translatedText": text}
+    r = post(server, {"q": ["<p>a <b>cat</b></p>", "x"], "source": "de", "target": "de", "format": "html"})
+    assert r.json() == {"translatedText": ["<p>a <b>cat</b></p>", "x"]}
+    assert "beam 99 is above" in error_of(post(server, {"q": "a", "source": "de", "target": "de", "beam": 99}), 400)
+
+
 def test_languages_health_info(server, ckpt):
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
-    assert httpx.get(server.url + "/languages").json()[1] == {"code": "en", "name": "English", "targets": ["de"]}
+    assert httpx.get(server.url + "/languages").json() == [{"code": "en", "name": "English", "targets": ["de", "en"]},
+                                                           {"code": "de", "name": "German", "targets": ["de"]}]
     info = httpx.get(server.url + "/info").json()
     assert info["limits"]["batch_limit"] == 8 and info["limits"]["char_limit"] == 300
     assert info["models"][0]["source"] == "en" and info["models"][0]["precision"] == "fp32"
@@ -127,8 +177,8 @@ BAD = [
     ({"source": "en", "target": "de"}, "missing q"),
     ({"q": "a cat", "target": "de"}, "missing source"),
     ({"q": "a cat", "source": "en"}, "missing target"),
-    ({"q": "a cat", "source": "fr", "target": "de"}, "fr is not supported: this server translates en-de"),
-    ({"q": "a cat", "source": "en", "target": "fr"}, "fr is not supported: this server translates en-de"),
+    ({"q": "a cat", "source": "fr", "target": "de"}, "fr is not supported"),
+    ({"q": "a cat", "source": "en", "target": "fr"}, "fr is not supported"),
     ({"q": "a cat", "source": "de", "target": "en"}, "English (en) is not available as a target language from"),
     ({"q": "a cat", "source": "en", "target": "de", "format": "xml"}, "xml format is not supported"),
     ({"q": [], "source": "en", "target": "de"}, "empty list"),
@@ -167,7 +217,8 @@ def test_malformed_bodies(server, content, ctype, status, message):
 
 
 def test_limits_give_413(server):
-    assert "9 lines" in error_of(post(server, {"q": ["a cat"] * 9, "source": "en", "target": "de"}), 413)
+    assert "9 sentences" in error_of(post(server, {"q": ["a cat"] * 9, "source": "en", "target": "de"}), 413)
+    assert "10 sentences" in error_of(post(server, {"q": "A cat sleeps. A dog runs. " * 5, "source": "en", "target": "de"}), 413)
     assert "301 characters" in error_of(post(server, {"q": "a" * 301, "source": "en", "target": "de"}), 413)
     big = json.dumps({"q": "a", "pad": "x" * 200_000, "source": "en", "target": "de"})
     assert "bytes" in error_of(httpx.post(server.url + "/translate", content=big, timeout=60,
@@ -413,7 +464,7 @@ def test_a_checkpoint_without_languages_needs_langs(tmp_path, toy_tokenizer_byte
     assert r.returncode == 1 and "--langs SRC-TGT" in r.stderr
     s = Server("-m", str(path), "--langs", "fr-es")
     try:
-        assert httpx.get(s.url + "/languages").json()[0]["code"] == "es"
+        assert [lang["code"] for lang in httpx.get(s.url + "/languages").json()] == ["fr", "es"]  # (by name)
         assert post(s, {"q": "a cat", "source": "fr", "target": "es"}).status_code == 200
     finally:
         assert s.stop() == 0

@@ -60,7 +60,7 @@ def test_a_multilingual_and_a_bilingual_model_served_together(models):
     s = Server("-m", str(multi), "-m", str(bilingual))
     try:
         langs = {lang["code"]: lang["targets"] for lang in httpx.get(s.url + "/languages").json()}
-        assert langs == {"en": ["cs", "de", "fr"], "cs": [], "de": [], "fr": []}
+        assert langs == {"en": ["cs", "de", "en", "fr"], "cs": ["cs"], "de": ["de"], "fr": ["fr"]}
         for target in ("fr", "cs"):
             r = httpx.post(s.url + "/translate", json={"q": LINES, "source": "en", "target": target}, timeout=60)
             assert r.status_code == 200 and r.json()["translatedText"] == expected[target], r.text

@@ -129,3 +129,29 @@ def test_the_page_asks_for_an_api_key_when_the_server_requires_one(browser, ckpt
         assert not browser.find_element(By.ID, "error").is_displayed()
     finally:
         assert s.stop() == 0, "".join(s.log)
+
+
+def test_the_page_with_a_language_as_its_own_target(browser, ckpt):
+    """/languages lists each language as its own target (as LibreTranslate's): the page offers every language as a
+    source, and German into German gives the text back as typed; English into German still translates."""
+    sentence = toy_pairs(3, seed=9)[2][0]
+    expected = offline(ckpt, sentence)
+    s = Server("-m", ckpt, "--no-engine-process")
+    try:
+        browser.get(s.url + "/")
+        WebDriverWait(browser, WAIT).until(lambda d: "ready" in d.find_element(By.TAG_NAME, "body").get_attribute(
+            "class"))
+        source, target = Select(browser.find_element(By.ID, "source")), Select(browser.find_element(By.ID, "target"))
+        assert [o.get_attribute("value") for o in source.options] == ["en", "de"]
+        assert [o.get_attribute("value") for o in target.options] == ["de", "en"]
+        source.select_by_value("de")
+        assert [o.get_attribute("value") for o in target.options] == ["de"]
+        browser.find_element(By.ID, "input").send_keys(sentence)
+        WebDriverWait(browser, WAIT).until(lambda d: value(d, "output") == sentence)
+        assert not browser.find_element(By.ID, "error").is_displayed()
+        source.select_by_value("en")
+        target.select_by_value("de")
+        WebDriverWait(browser, WAIT).until(lambda d: value(d, "output") == expected)
+        assert not browser.find_element(By.ID, "error").is_displayed()
+    finally:
+        assert s.stop() == 0, "".join(s.log)

@@ -105,9 +105,49 @@ def test_empty_lines_give_empty_lines_and_keep_alignment(ckpt_path):
     inputs = ["the cat", "", "   ", "a dog sees the house", ""]
     out = run_stream(translator(ckpt_path), ("\n".join(inputs) + "\n").encode())
     assert len(out) == 5
-    assert out[1] == out[2] == out[4] == ""
+    assert out[1] == out[4] == "" and out[2] == "   "  # (nothing to translate: as given)
     assert out[0] and out[3]
     assert out[3] == translator(ckpt_path).translate(["a dog sees the house"])[0][0][1]
+
+
+NOTHING_TO_TRANSLATE = ["🙂", "42", "3.14 %", "...", "https://example.org/a-cat?dog=1", "www.example.org",
+                        "cat@example.org", "🐶 🐱 !", ">>de<< 🙂"]
+
+
+def test_lines_with_nothing_to_translate_come_back_as_given(ckpt_path):
+    """As LibreTranslate: no letter (outside URLs and e-mail addresses), nothing for the model; a tag is not
+    text. Lines with letters around them are translated as before, in their place."""
+    tr = translator(ckpt_path)
+    mixed = ["the cat sleeps", *NOTHING_TO_TRANSLATE, "a dog", "", "🙂 the dog"]
+    out = tr.translate(mixed)
+    assert [hs[0].text for hs in out[1:len(NOTHING_TO_TRANSLATE) + 1]] == [*NOTHING_TO_TRANSLATE[:-1], "🙂"]
+    assert all(hs[0].score == 0.0 for hs in out[1:len(NOTHING_TO_TRANSLATE) + 1])
+    alone = tr.translate(["the cat sleeps", "a dog", "🙂 the dog"])
+    assert [out[i][0].text for i in (0, -3, -1)] == [hs[0].text for hs in alone]
+    assert out[-1][0].text != "🙂 the dog" and out[-2][0].text == ""
+    stream = run_stream(translator(ckpt_path), ("\n".join(mixed) + "\n").encode())
+    assert stream == [hs[0].text for hs in out]
+
+
+def test_split_sentences_translates_each_sentence_of_a_line(ckpt_path, tmp_path):
+    """--split-sentences: a line is a paragraph, its sentences translated one by one (as lines) and joined back
+    with its own spacing, one line out per line in; off, the line is one input (as before)."""
+    pytest.importorskip("sentencex", reason="the sentences extra is not installed")
+    paragraphs = ["the cat sleeps. a dog runs!  🙂 the old man.", "", "  the red house.", "a child eats"]
+    sentences = ["the cat sleeps.", "a dog runs!", "🙂 the old man.", "the red house.", "a child eats"]
+    one = {s: hs for s, hs in zip(sentences, translator(ckpt_path, nbest=2).translate(sentences), strict=True)}
+    expected = [f"{one[sentences[0]][0].text} {one[sentences[1]][0].text}  {one[sentences[2]][0].text}", "",
+                f"  {one[sentences[3]][0].text}", one[sentences[4]][0].text]
+    out = translator(ckpt_path, split_sentences=True, nbest=2).translate(paragraphs)
+    assert [hs[0].text for hs in out] == expected
+    assert out[0][1].score == pytest.approx(sum(one[s][1].score for s in sentences[:3]))
+    assert out[0][0].text != translator(ckpt_path).translate(paragraphs[:1])[0][0].text  # off: one input
+    (tmp_path / "in.txt").write_text("\n".join(paragraphs) + "\n", encoding="utf-8")
+    r = nmt("-m", str(ckpt_path), str(tmp_path / "in.txt"), "--split-sentences", "--beam", "4", "--max-len-b", "4")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().split("\n")[:-1] == expected
+    r = nmt("-m", str(ckpt_path), str(tmp_path / "in.txt"), "--split-sentences", "--token-scores")
+    assert r.returncode == 2 and b"--split-sentences" in r.stderr
 
 
 def test_invalid_utf8_is_replaced_with_one_warning_and_a_summary(ckpt_path, messages):

@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         char_limit: int = typer.Option(10000, "--char-limit", min=1, metavar="N", rich_help_panel=_SERVER,
                                        help="Characters per request (413 above)."),
         batch_limit: int = typer.Option(64, "--batch-limit", min=1, metavar="N", rich_help_panel=_SERVER,
-                                        help="Sentences (lines of q) per request (413 above)."),
+                                        help="Sentences to translate per request (413 above)."),
         queue_size: int = typer.Option(
             1024, "--queue-size", min=1, metavar="N", rich_help_panel=_SERVER,
             help="Sentences waiting or being translated per model; a request that does not fit gets 503 with "

@@ -137,6 +137,10 @@ def register(app: typer.Typer) -> None:
             None, "--tgt-lang", metavar="LANG",
             help="A multilingual model's target language: its >>LANG<< tag starts each line that has none (a line "
                  "that starts with a tag keeps it)."),
+        split_sentences: bool = typer.Option(
+            False, "--split-sentences",
+            help="Each line is a paragraph: its sentences are translated one by one and joined back with the line's "
+                 "spacing (one line in, one line out). Needs sentencex: pip install 'nmt-cli[sentences]'."),
         average_last: int = typer.Option(
             None, "--average-last", min=1, metavar="N", help="Average the last N checkpoints of each -m run directory."
         ),
@@ -207,6 +211,13 @@ def register(app: typer.Typer) -> None:
         if nbest > beam and not sampling:
             raise usage_error(f"--nbest {nbest} exceeds --beam {beam}; raise --beam (with --sampling, --nbest is the "
                               "number of samples)")
+        if split_sentences and (token_scores or print_alignment is not None or replace_unk or prefix is not None):
+            raise usage_error("--split-sentences translates a line's sentences one by one; --token-scores, "
+                              "--print-alignment, --replace-unk and --prefix need the whole line as one translation")
+        if split_sentences:
+            from nmt_cli.segments import require
+
+            require()  # before the input is read and the model loads
         source = input_file or input_opt
         with ExitStack() as stack:  # inputs are checked before the model loads, the output opened after
             from_stdin = source is None or str(source) == "-"
@@ -222,7 +233,7 @@ def register(app: typer.Typer) -> None:
                 sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
                 alignment=print_alignment.value if print_alignment is not None else None,
                 alignment_layer=alignment_layer, replace_unk=replace_unk, workers=workers, cuda_graphs=cuda_graphs,
-                tgt_lang=tgt_lang,
+                tgt_lang=tgt_lang, split_sentences=split_sentences,
             )
             if translator.max_tokens_reason is not None:
                 note_line(f"--max-tokens auto: {translator.max_tokens_reason}")

@@ -21,7 +21,7 @@ from typing import BinaryIO, NamedTuple
 
 import torch
 
-from nmt_cli import languages
+from nmt_cli import languages, segments
 from nmt_cli.checkpoints import averaging, marian, pretrained
 from nmt_cli.checkpoints import format as ckpt_io
 from nmt_cli.config import EOS_ID
@@ -37,6 +37,7 @@ from nmt_cli.lines import iter_lines
 from nmt_cli.runtime import defaults
 from nmt_cli.runtime.memory import OutOfMemory, out_of_memory_advice
 from nmt_cli.runtime.precision import resolve_device, resolve_dtype, slow_bf16_warning
+from nmt_cli.segments import translatable
 
 # Batch size by padded source tokens when not given: on CPU, batches that keep the [beam x rows, vocabulary]
 # step tensors small are faster. Defined in defaults.py, which `nmt translate --help` shows too.
@@ -63,6 +64,7 @@ class TranslateConfig:
     alignment_layer: int = -1  # decoder layer whose encoder-decoder attention gives the links
     replace_unk: bool = False  # replace unknown target tokens by the aligned source word
     tgt_lang: str | None = None  # a multilingual model: the target language, as its `>>xx<<` tag at each line's start
+    split_sentences: bool = False  # each line a paragraph: its sentences translated one by one (segments.py)
 
     # `nmt translate`'s option names that differ from their SearchConfig field; every other option is named as its
     # SearchConfig or TranslateConfig field (so an option added to either is accepted here as it is).
@@ -93,6 +95,9 @@ class TranslateConfig:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.alignment not in (None, "words", "pieces"):
             raise ConfigError(f"unknown alignment unit {self.alignment!r}; choose words or pieces")
+        if self.split_sentences and self.analyse:
+            raise ConfigError("split-sentences gives a line's sentences their own translations, which have no "
+                              "token scores, alignment or replaced unknowns of the whole line; use one of them")
         self.search = dataclasses.replace(self.search, nbest=self.nbest).validate()
         return self
 
@@ -228,6 +233,8 @@ class Translator:
 
             avoid_cudnn_attention()
         self.config = (config or TranslateConfig()).validate()
+        if self.config.split_sentences:
+            segments.require()  # before the model loads: what to install, in one line
         auto = self.config.max_tokens == "auto"
         if self.config.max_tokens is None or auto:
             self.config = dataclasses.replace(self.config, max_tokens=defaults.MAX_TOKENS_PER_DEVICE[self.device.type])
@@ -237,6 +244,7 @@ class Translator:
         if slow is not None:
             self.warn("slow bf16", slow)
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
+        self.source_lang = checkpoints[0].langs.get("src")  # the sentence rules of --split-sentences
         models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
         # each model's parameters, counted before packing or quantizing (which turn weights into buffers)
         self.model_parameters = [sum(p.numel() for p in m.parameters()) for m in models]
@@ -396,8 +404,22 @@ class Translator:
                   tgt_lang: str | None = None) -> list[list[Translation]]:
         """Raw lines -> per line, its hypotheses as Translation(score, text, ...), best first. `prefixes`:
         one target prefix per line ('' for none), kept verbatim at the start of each output. `tgt_lang`: a
-        multilingual model's target language (else the config's, or each line's own `>>xx<<` tag)."""
-        sources = self.encode(lines, first_line, tgt_lang)
+        multilingual model's target language (else the config's, or each line's own `>>xx<<` tag). A line with
+        nothing to translate (no letter: an emoji, a number, a URL alone; segments.py) and no prefix comes back as
+        given (without its `>>xx<<` tag), score 0. With `split_sentences` each line is a paragraph whose
+        sentences are translated one by one and joined back with the line's own spacing (`_paragraphs`)."""
+        if self.config.split_sentences:
+            if prefixes is not None:
+                raise ConfigError("a prefix starts a line's translation; with split-sentences a line has several: "
+                                  "use one of them")
+            return self._paragraphs(lines, first_line, tgt_lang)
+        return self._lines(lines, first_line, prefixes, tgt_lang)
+
+    def _lines(self, lines: list[str], first_line: int, prefixes: list[str] | None,
+               tgt_lang: str | None) -> list[list[Translation]]:
+        given = {i: text for i, text in enumerate(_untagged(line) for line in lines)
+                 if not translatable(text) and not (prefixes and prefixes[i])}
+        sources = self.encode([line if i not in given else "" for i, line in enumerate(lines)], first_line, tgt_lang)
         prefix_ids = self.encode_prefixes(prefixes, first_line) if prefixes is not None else None
         hyps = self.translate_ids(sources, prefix_ids)
         flat = [h for hs in hyps for h in hs]
@@ -410,13 +432,40 @@ class Translator:
             extras = self._analyse(lines, sources, hyps) if self.config.analyse else [(None, None, None)] * len(flat)
         it = iter(zip(flat, texts, extras, strict=True))
         out = []
-        for hs in hyps:
+        for i, hs in enumerate(hyps):
             row = []
             for _ in hs:
                 h, text, (token_scores, alignment, replaced) = next(it)
+                if i in given:
+                    text, replaced = given[i], None
                 row.append(Translation(h.score, _one_line(replaced if replaced is not None else text), token_scores,
                                   alignment))
             out.append(row)
+        return out
+
+    def _paragraphs(self, lines: list[str], first_line: int, tgt_lang: str | None) -> list[list[Translation]]:
+        """Each line cut into its sentences (segments.split, the rules of the model's source language), those
+        translated as lines, and joined back with the line's spacing; a line's tag applies to each of its
+        sentences. The n-th hypothesis of a line joins the n-th of each sentence (or its last), its score the sum."""
+        split = []
+        for line in lines:
+            tag = language_tag(line)
+            head = line[:len(tag) + 4] + " " if tag is not None else ""
+            pieces = segments.split(_untagged(line), self.source_lang, sentences=True)
+            split.append((head, pieces))
+        flat = [head + s if s else s for head, pieces in split for s in pieces[0::2]]
+        results = self._lines(flat, first_line, None, tgt_lang)
+        out, k = [], 0
+        for _, pieces in split:
+            rows = results[k:k + len(pieces[0::2])]
+            k += len(rows)
+            ranks = max(len(r) for r in rows)
+            joined = []
+            for rank in range(ranks):
+                picked = [r[min(rank, len(r) - 1)] for r in rows]
+                text = "".join(p if i % 2 else picked[i // 2].text for i, p in enumerate(pieces))
+                joined.append(Translation(sum(h.score for h in picked), text))
+            out.append(joined)
         return out
 
     def translate_best(self, lines: list[str], tgt_lang: str | None = None) -> list[str]:
@@ -447,6 +496,12 @@ class Translator:
                             if cfg.replace_unk else None)
                 out.append((a.token_scores if cfg.token_scores else None, column, replaced))
         return out
+
+
+def _untagged(line: str) -> str:
+    """`line` without the `>>xx<<` tag (and the space after it) that may start it."""
+    tag = language_tag(line)
+    return line if tag is None else line[len(tag) + 4:].lstrip(" ")
 
 
 def _keep_prefix(text: str, prefix: str, prefix_ids: list[int], tokenizer: Tokenizer) -> str:

@@ -217,8 +217,8 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         source, target = service_code(fields, "source"), service_code(fields, "target")
         ext = files.extension(name)
         if ext not in files.FORMATS:
-            raise RequestError(400, f"Invalid request: file format not supported: {ext or 'no extension'} "
-                                    f"(this server translates {', '.join(files.FORMATS)})")
+            # LibreTranslate's text; /frontend/settings' supportedFilesFormat lists the formats
+            raise RequestError(400, "Invalid request: file format not supported")
         if not data:
             raise RequestError(400, "Invalid request: empty file")
         if len(data) > limits.file_bytes:
@@ -234,7 +234,7 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
         model, _ = service.model(source, target, doc.texts)
         cfg = service.default_config(model)
         out = []
-        for chunk in _chunks(doc.texts, limits.batch_limit, limits.char_limit):
+        for chunk in _chunks(doc.texts, limits.batch_limit, limits.char_limit, lambda t: service.sentences(model, t)):
             plan = service.plan_texts(model, chunk, cfg)
             out += service.answer(plan, await run(plan))["translatedText"]
         data = await run_in_threadpool(doc.build, out)
@@ -331,7 +331,7 @@ def build_app(service: Service, on_shutdown=None) -> Starlette:
             Route("/translate_file", translate_file, methods=["POST"]),
             Route("/download_file/{filename}", download_file, methods=["GET"], name="download_file"),
             Route("/suggest", suggest, methods=["POST"]),
-            Route("/languages", languages, methods=["GET", "POST"]),
+            Route("/languages", languages, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/info", info, methods=["GET"]),
             Route("/spec", openapi, methods=["GET"]),
@@ -397,7 +397,7 @@ def frontend_settings(service: Service, files_on: bool, suggestions_on: bool) ->
     auto = len(sources) > 1
     source_code = "auto" if auto else sources[0]
     first = next(lang for lang in langs if lang["code"] == sources[0])
-    target_code = first["targets"][0]
+    target_code = next(t for t in first["targets"] if t != sources[0])  # (not the source's own)
     names = {lang["code"]: lang["name"] for lang in langs}
     limits = service.limits
     return {
@@ -412,14 +412,15 @@ def frontend_settings(service: Service, files_on: bool, suggestions_on: bool) ->
     }
 
 
-def _chunks(texts: list[str], max_lines: int, max_chars: int):
-    """Texts in groups that each fit one request's limits (a text over them alone is a 413)."""
+def _chunks(texts: list[str], max_lines: int, max_chars: int, sentences):
+    """Texts in groups that each fit one request's limits, `sentences(text)` counting a text's sentences to translate
+    (a text over them alone is a 413)."""
     chunk, lines, chars = [], 0, 0
     for t in texts:
-        n = t.count("\n") + t.count("\r") - t.count("\r\n") + 1
+        n = sentences(t)
         if n > max_lines or len(t) > max_chars:
-            raise RequestError(413, f"a paragraph of the file has {len(t)} characters and {n} lines; this server "
-                                    f"takes at most {max_chars} characters and {max_lines} lines at a time")
+            raise RequestError(413, f"a paragraph of the file has {len(t)} characters and {n} sentences; this server "
+                                    f"takes at most {max_chars} characters and {max_lines} sentences at a time")
         if chunk and (lines + n > max_lines or chars + len(t) > max_chars):
             yield chunk
             chunk, lines, chars = [], 0, 0

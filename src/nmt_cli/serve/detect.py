@@ -6,8 +6,8 @@ package, offline; BSD-3-Clause) scores the text; the scores of the candidate lan
 probabilities among those candidates alone (the softmax py3langid applies with `norm_probs`, restricted), and
 answered as LibreTranslate does: `[{"confidence": 0-100, "language": code}, ...]`, best first. With one
 candidate there is nothing to choose: it is answered with confidence 100. Text without a letter (digits,
-punctuation, emoji) says nothing about its language: the first candidate with confidence 0, as LibreTranslate
-answers what it cannot detect.
+punctuation, emoji) says nothing about its language: the first candidate with confidence 0 (the service gives them
+in LibreTranslate's order, English first), as LibreTranslate answers what it cannot detect (English, confidence 0).
 """
 
 from __future__ import annotations

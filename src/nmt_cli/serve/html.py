@@ -3,7 +3,7 @@ written.
 
 Python's own HTML parser (`html.parser`, lenient like a browser: broken markup is read, never refused) splits the
 document into markup and text. Every piece of the source is kept byte for byte except the translatable texts: a
-run of text between two tags, with at least one letter or digit, outside `script`, `style`, `code`, `kbd`,
+run of text between two tags, with something to translate (a letter outside URLs: segments.py), outside `script`, `style`, `code`, `kbd`,
 `samp`, `var` and any element marked `translate="no"` (HTML's own attribute for it). A text's leading and
 trailing white space is kept; inside it, white space (line breaks included) is one space, as a browser shows it.
 The translation is escaped back: `&`, `<`, `>` as entities, and a character the source wrote as an entity
@@ -16,6 +16,8 @@ import html
 import re
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
+
+from nmt_cli.segments import translatable
 
 SKIPPED = frozenset({"script", "style", "code", "kbd", "samp", "var"})
 _WHITE = " \t\n\r\f"  # HTML's white space (not &nbsp;)
@@ -129,7 +131,7 @@ def _flush(doc: Document, source: str, start: int | None, end: int, entities: di
     raw = source[start:end]
     text = html.unescape(raw)
     stripped = text.strip(_WHITE)
-    if not any(c.isalnum() for c in stripped):
+    if not translatable(stripped):
         doc.parts.append(raw)
         return
     lead = raw[:len(raw) - len(raw.lstrip(_WHITE))]

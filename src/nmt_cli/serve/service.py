@@ -12,9 +12,11 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nmt_cli import segments
 from nmt_cli.decoding import SearchConfig
 from nmt_cli.errors import ConfigError
 from nmt_cli.inference.translate import Translator
+from nmt_cli.segments import translatable
 from nmt_cli.serve import html
 from nmt_cli.serve.detect import DetectError, Detector
 from nmt_cli.serve.engine import Engine, Job
@@ -38,7 +40,6 @@ SEARCH_FIELDS = {
     "no_repeat_ngram": ("no_repeat_ngram", int), "sampling": ("sampling", bool), "topk": ("topk", int),
     "topp": ("topp", float), "temperature": ("temperature", float), "seed": ("seed", int),
 }
-_LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
 
 
 class RequestError(Exception):
@@ -49,7 +50,7 @@ class RequestError(Exception):
 
 @dataclass
 class Limits:
-    batch_limit: int = 64  # sentences (lines) per request
+    batch_limit: int = 64  # sentences to translate per request
     char_limit: int = 10000  # characters per request, all of q
     queue_size: int = 1024  # sentences waiting or being translated, per model
     timeout: float = 60.0  # seconds a request may take
@@ -75,6 +76,7 @@ class Model:
     target: str
     engine: Engine  # a multilingual model's directions share one
     tag: str | None = None  # a multilingual model: the target's code in its `>>xx<<` tag, put before each line
+    identity: bool = False  # source == target: the text comes back as given (the engine only checks options)
 
     @property
     def translator(self) -> Translator:
@@ -87,13 +89,14 @@ class Plan:
 
     model: Model
     lines: list[str]  # every line of every text
-    pieces: list[list[str]]  # per text: its lines and line breaks, alternating (text at even indices)
+    pieces: list[list[str]]  # per text: its segments and what separates them (line breaks, spaces), alternating
     cfg: SearchConfig
     batch: bool  # q was a list
     alternatives: int
     scores: bool
     detected: dict | None  # source "auto": LibreTranslate's detectedLanguage
-    spans: list[tuple[int, int]] = field(default_factory=list)  # per text: its lines' range in `lines`
+    slots: list[list[int | None]] = field(default_factory=list)  # per text, per segment: its index in `lines`, or
+    # None for a segment that passes through as given (nothing to translate)
     docs: list[Document] | None = None  # format html: per q item its document, whose texts are the texts above
 
 
@@ -109,35 +112,34 @@ class Service:
     # ------------------------------------------------------------------ languages
 
     def languages(self) -> list[dict]:
-        """LibreTranslate's /languages: every language the models translate from or into, with its targets."""
-        codes = sorted({c for pair in self.models for c in pair})
+        """LibreTranslate's /languages: every language the models translate from or into, with its targets, itself
+        among them (LibreTranslate's identity translation: the text as given), in LibreTranslate's order
+        (argostranslate's: English first, then by name); the targets sorted by code, as LibreTranslate sorts them."""
+        codes = _ordered({c for pair in self.models for c in pair})
         return [{"code": c, "name": LANGUAGE_NAMES.get(c, c),
-                 "targets": sorted(t for s, t in self.models if s == c)} for c in codes]
+                 "targets": sorted({t for s, t in self.models if s == c} | {c})} for c in codes]
 
     def sources(self) -> list[str]:
-        return sorted({s for s, _ in self.models})
-
-    def pairs(self) -> str:
-        return ", ".join(f"{s}-{t}" for s, t in sorted(self.models))
+        return _ordered({s for s, _ in self.models})
 
     def model(self, source: str, target: str, texts: list[str]) -> tuple[Model, dict | None]:
-        """The model of a request's pair -> (model, LibreTranslate's detectedLanguage for source auto)."""
+        """The model of a request's pair -> (model, LibreTranslate's detectedLanguage for source auto). The errors
+        are LibreTranslate's texts, exactly (its tests pin them); GET /languages says what this server translates."""
         codes = {c for pair in self.models for c in pair}
         for code in (source, target):
             if code not in codes and not (code == source == "auto"):
-                raise RequestError(400, f"{code[:40]} is not supported: this server translates {self.pairs()}")
+                raise RequestError(400, f"{code[:40]} is not supported")
         detected = None
-        if source == "auto":
-            candidates = sorted(s for s, t in self.models if t == target)
-            if not candidates:
-                raise RequestError(400, f"{_name(target)} is not available as a target language: this server "
-                                        f"translates {self.pairs()}")
+        if source == "auto":  # among the sources into target, and target itself (its text comes back as given)
+            candidates = _ordered({s for s, t in self.models if t == target} | {target})
             detected = self._rank("\n".join(texts), candidates)[0]
             source = detected["language"]
+        if source == target:  # an engine of the language's, for the options; nothing is translated
+            some = next(m for m in self.models.values() if target in (m.source, m.target))
+            return Model("identity", source, target, some.engine, identity=True), detected
         model = self.models.get((source, target))
         if model is None:
-            raise RequestError(400, f"{_name(target)} is not available as a target language from {_name(source)}: "
-                                    f"this server translates {self.pairs()}")
+            raise RequestError(400, f"{_name(target)} is not available as a target language from {_name(source)}")
         return model, detected
 
     def _rank(self, text: str, candidates: list[str]) -> list[dict]:
@@ -175,7 +177,7 @@ class Service:
         source, target = _code(fields, "source"), _code(fields, "target")
         fmt = fields.get("format") or "text"
         if fmt not in ("text", "html"):
-            raise RequestError(400, f"{str(fmt)[:40]} format is not supported: send text or html")
+            raise RequestError(400, f"{str(fmt)[:40]} format is not supported")  # (text or html)
         alternatives = _integer(fields.get("alternatives", 0), "alternatives", 0, self.limits.max_beam - 1)
         scores = _boolean(fields.get("scores", False), "scores")
         chars = sum(len(x) for x in items)
@@ -194,20 +196,33 @@ class Service:
     def plan_texts(self, model: Model, texts: list[str], cfg: SearchConfig, batch: bool = True,
                    alternatives: int = 0, scores: bool = False, detected: dict | None = None,
                    docs: list[Document] | None = None) -> Plan:
-        """A plan for texts already checked: each split into lines, the line breaks kept (413 past the batch
-        limit)."""
-        pieces = [_LINE_BREAK.split(x) for x in texts]
-        lines, spans = [], []
+        """A plan for texts already checked: each split into lines and sentences (segments.py), the line breaks and
+        spacing kept; the segments with nothing to translate pass through (413 past the batch limit of sentences to
+        translate)."""
+        pieces = [self.split(model, x) for x in texts]
+        lines, slots = [], []
         for p in pieces:
-            start = len(lines)
-            lines += p[0::2]
-            spans.append((start, len(lines)))
+            slot = []
+            for segment in p[0::2]:
+                slot.append(len(lines) if translatable(segment) and not model.identity else None)
+                if slot[-1] is not None:
+                    lines.append(segment)
+            slots.append(slot)
         if len(lines) > self.limits.batch_limit:
-            raise RequestError(413, f"q has {len(lines)} lines; this server takes at most "
+            raise RequestError(413, f"q has {len(lines)} sentences to translate; this server takes at most "
                                     f"{self.limits.batch_limit} per request")
         if model.tag is not None:  # the request's target, whatever tag a line may start with
-            lines = [f">>{model.tag}<< {line}" if line.strip() else line for line in lines]
-        return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, spans, docs)
+            lines = [f">>{model.tag}<< {line}" for line in lines]
+        return Plan(model, lines, pieces, cfg, batch, alternatives, scores, detected, slots, docs)
+
+    def split(self, model: Model, text: str) -> list[str]:
+        """A text's segments (its sentences, in the model's source language) and what separates them, alternating
+        (segments.split); the whole text for a language into itself, which is not translated."""
+        return [text] if model.identity else segments.split(text, model.source, sentences=True)
+
+    def sentences(self, model: Model, text: str) -> int:
+        """How many segments of `text` the model translates (what the batch limit counts)."""
+        return 0 if model.identity else sum(translatable(s) for s in self.split(model, text)[0::2])
 
     def default_config(self, model: Model) -> SearchConfig:
         return self._search_config(model, {}, 0)
@@ -275,24 +290,22 @@ class Service:
         """LibreTranslate's response: translatedText (a string or a list, as q), alternatives when asked,
         detectedLanguage for source auto; nmt's `scores` when asked. `job` is None when there was no line to
         translate (an HTML document without text)."""
-        tok = plan.model.translator.tokenizer
         hyps = job.results if job is not None else []
         flat = [h for hs in hyps for h in hs]
-        texts = iter(tok.decode([h.tokens for h in flat])) if flat else iter(())
+        texts = iter(plan.model.translator.tokenizer.decode([h.tokens for h in flat])) if flat else iter(())
         per_line = [[(h.score, _one_line(next(texts))) for h in hs] for hs in hyps]
         ranks = 1 + plan.alternatives
         # per text, per rank: (translation, score)
         joined = []
-        for pieces, (start, end) in zip(plan.pieces, plan.spans, strict=True):
-            lines = per_line[start:end]
+        for pieces, slots in zip(plan.pieces, plan.slots, strict=True):
 
-            def join(rank: int, lines=lines, pieces=pieces) -> tuple[str, float]:
+            def join(rank: int, slots=slots, pieces=pieces) -> tuple[str, float]:
                 out, total = [], 0.0
                 for k, piece in enumerate(pieces):
-                    if k % 2:
-                        out.append(piece)  # the line break, as sent
+                    if k % 2 or slots[k // 2] is None:
+                        out.append(piece)  # a line break, or a segment with nothing to translate, as sent
                     else:
-                        hs = lines[k // 2]
+                        hs = per_line[slots[k // 2]]
                         score, text = hs[min(rank, len(hs) - 1)]
                         out.append(text)
                         total += score
@@ -373,6 +386,11 @@ def _code(fields: dict, name: str) -> str:
     if not isinstance(value, str):
         raise RequestError(400, f"Invalid request: {name} must be a language code (a string)")
     return value
+
+
+def _ordered(codes) -> list[str]:
+    """Language codes in LibreTranslate's order (argostranslate's): English first, then by name."""
+    return sorted(codes, key=lambda c: (c != "en", LANGUAGE_NAMES.get(c, c), c))
 
 
 def _name(code: str) -> str:

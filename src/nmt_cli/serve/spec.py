@@ -78,9 +78,8 @@ def spec(limits: Limits, version: str) -> dict:
         "/translate": {"post": {
             "summary": "Translate text", "requestBody": _body(translate),
             "responses": {"200": _json("the translation", translated), **_errors(400, 403, 413, 415, 429, 500, 503)}}},
-        "/languages": {m: {"summary": "The languages the models translate from and into",
-                           "responses": {"200": _json("the languages", {"type": "array", "items": language})}}
-                       for m in ("get", "post")},
+        "/languages": {"get": {"summary": "The languages the models translate from and into",
+                               "responses": {"200": _json("the languages", {"type": "array", "items": language})}}},
         "/detect": {"post": {
             "summary": "Detect the language of text, among the models' source languages",
             "requestBody": _body({"type": "object", "required": ["q"],
