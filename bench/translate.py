@@ -4,6 +4,7 @@
     python bench/translate.py --small-checkpoint runs/multi30k/checkpoint_best.pt   # a trained small model
     python bench/translate.py --ct2-site /tmp/ct2site           # where ctranslate2 lives (pip install --target)
     python bench/translate.py --sections small --repeat 3
+    python bench/translate.py --sections latency --small-checkpoint runs/multi30k/run/averaged.pt --repeat 3
     python bench/translate.py --sections small --alpha 0 --nmt fp32-top,int8-top   # CTranslate2 stops as --stop top
     python bench/translate.py --sections small --alpha 0 --max-len 256 ...      # and both stop at 256 tokens
     python bench/translate.py --sections small --small-checkpoint runs/multi30k/run/averaged.pt \
@@ -20,6 +21,10 @@ Sections:
   base    the paper's base model (random weights, 32k BPE vocabulary) on newstest2014 en (3003 lines), beam 4.
   big     the paper's big shape (1024/4096, 16 heads; random weights, 32k vocabulary), as base (GPU).
   stream  peak memory and time to the first output line of `nmt translate` on a generated N-line input.
+  latency one sentence a call (where a person waits: the web page, an editor plug-in), the small model on the first
+          --latency-lines Multi30k test lines, beam 4: nmt's `Translator.translate([line])` against CTranslate2's
+          `translate_batch([pieces])` (text to text on both sides), each in its own process, alternated; the median,
+          90th percentile and mean milliseconds a sentence, and the ratio of the medians.
 
 Random weights never choose EOS on purpose, so with them every output runs to a FIXED length (said in the
 printout): nmt gets max-len-a 0, max-len-b L+1 (L tokens + EOS), CTranslate2 max_decoding_length L.
@@ -67,6 +72,17 @@ def peak_mb() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def resident_mb() -> float:
+    """This process's resident memory now in MB (VmRSS): taken right after the engine's import, so that a peak can
+    be read beyond what importing the engine holds (`import torch` alone is ~218 MB, CTranslate2's whole peak on
+    the small model about as much)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration):  # not Linux
+        return 0.0
+
+
 # ------------------------------------------------------------------------------------------------ artifacts
 
 
@@ -97,6 +113,12 @@ def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **co
     return path
 
 
+def small_random_checkpoint() -> Path:
+    """The small sections' model when no trained one is given: Multi30k's shape (d_model 256, 3+3 layers, 8k BPE)."""
+    return make_random_checkpoint(WORK / "small_random.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
+                                  d_model=256, d_ff=1024, n_heads=4, encoder_layers=3, decoder_layers=3)
+
+
 def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
     """An nmt checkpoint as a CTranslate2 model: `nmt export ctranslate2` (nmt_cli.export.ctranslate2), float32.
 
@@ -123,6 +145,8 @@ def convert_to_ct2(ckpt_path: Path, out_dir: Path) -> Path:
 
 def job_nmt(a: dict) -> dict:
     import torch
+
+    imported = resident_mb()
 
     from nmt_cli.decoding import SearchConfig
     from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
@@ -151,7 +175,8 @@ def job_nmt(a: dict) -> dict:
     out = tr.translate(lines)
     seconds = time.perf_counter() - start
     Path(a["output"]).write_text("".join(hyps[0][1] + "\n" for hyps in out), encoding="utf-8")
-    result = {"seconds": seconds, "sentences": len(lines), "tgt_tokens": tr.tgt_tokens, "peak_mb": peak_mb()}
+    result = {"seconds": seconds, "sentences": len(lines), "tgt_tokens": tr.tgt_tokens, "peak_mb": peak_mb(),
+              "import_mb": imported}
     if device == "cuda":
         result["gpu_peak_mb"] = torch.cuda.max_memory_allocated() / 2**20
         if tr.graphs is not None:  # warm-up included
@@ -186,6 +211,7 @@ def job_ct2(a: dict) -> dict:
     import ctranslate2
     import sentencepiece
 
+    imported = resident_mb()
     # neither torch nor the nmt checkpoint in this process (its peak memory is CTranslate2's alone): the parent
     # converted the model, and the export holds the tokenizer (nmt_cli.export.ctranslate2.SPM_FILE, or source.spm
     # and target.spm; that module imports torch, so the names are written out here)
@@ -213,7 +239,7 @@ def job_ct2(a: dict) -> dict:
     seconds = time.perf_counter() - start
     Path(a["output"]).write_text("".join(t + "\n" for t in text), encoding="utf-8")
     return {"seconds": seconds, "sentences": len(lines), "tgt_tokens": sum(len(h) + 1 for h in hyps),
-            "peak_mb": peak_mb()}
+            "peak_mb": peak_mb(), "import_mb": imported}
 
 
 def job_stream(a: dict) -> dict:
@@ -248,7 +274,103 @@ def job_stream(a: dict) -> dict:
             "peak_mb": child_peak, "rc": proc.returncode}
 
 
-JOBS = {"nmt": job_nmt, "ct2": job_ct2, "stream": job_stream}
+def _timed_calls(translate_one, lines: list[str], imported: float) -> dict:
+    """Each line translated alone, after 10 warm-up calls: per-call seconds, the outputs, peak memory (and resident
+    memory after the engine's import: `imported`)."""
+    for line in lines[:10]:
+        translate_one(line)
+    times, out = [], []
+    for line in lines:
+        start = time.perf_counter()
+        out.append(translate_one(line))
+        times.append(time.perf_counter() - start)
+    return {"times": times, "outputs": out, "peak_mb": peak_mb(), "import_mb": imported}
+
+
+def job_nmt_latency(a: dict) -> dict:
+    """`Translator.translate([line])`, one line a call (the library call a server or an editor makes)."""
+    import torch
+
+    imported = resident_mb()
+    from nmt_cli.decoding import SearchConfig
+    from nmt_cli.inference.translate import TranslateConfig, Translator, load_checkpoints
+
+    torch.set_num_threads(a["threads"])
+    search = SearchConfig(beam=a["beam"], alpha=a["alpha"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"])
+    tr = Translator(load_checkpoints([a["checkpoint"]]), "cpu", a["precision"], TranslateConfig(search=search))
+    return _timed_calls(lambda line: tr.translate([line])[0][0].text, read_lines(Path(a["input"]), a["n"]), imported)
+
+
+def job_ct2_latency(a: dict) -> dict:
+    """CTranslate2's `translate_batch([pieces])`, one line a call, sentencepiece inside the timer (as nmt's)."""
+    if a.get("ct2_site"):
+        sys.path.append(a["ct2_site"])
+    import ctranslate2
+    import sentencepiece
+
+    imported = resident_mb()
+    model_dir = Path(a["ct2_dir"])
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
+    tr = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=a["compute_type"],
+                                intra_threads=a["threads"], inter_threads=1)
+    kwargs = dict(beam_size=a["beam"], length_penalty=a["alpha"], max_decoding_length=a["max_decoding_length"])
+
+    def one(line: str) -> str:
+        hyp = tr.translate_batch([sp.encode(line, out_type=str)], **kwargs)[0].hypotheses[0]
+        return sp.decode_pieces(hyp)
+
+    return _timed_calls(one, read_lines(Path(a["input"]), a["n"]), imported)
+
+
+def latency(ckpt: Path, trained: bool, args) -> None:
+    """The `latency` section (module docstring): nmt and CTranslate2 alternated, --repeat rounds; each
+    configuration's figures are over all its calls of all rounds."""
+    common = dict(checkpoint=str(ckpt), input=str(MULTI30K / "test.en"), n=args.latency_lines, threads=args.threads,
+                  beam=4, alpha=args.alpha)
+    lengths = dict(max_len_a=1.0, max_len_b=50) if trained else dict(max_len_a=0.0, max_len_b=21)
+    ct2_len = 256 if trained else 20
+    what = "trained" if trained else "RANDOM weights, FIXED output length 20 tokens"
+    print(f"latency: one sentence a call, {args.latency_lines} Multi30k test lines, beam 4, {args.threads} threads, "
+          f"small model ({what}: {ckpt})")
+    configs = [("nmt", p) for p in args.nmt_latency.split(",")]
+    if not args.no_ct2:
+        convert_to_ct2(Path(ckpt), WORK / "ct2_small")
+        configs += [("ct2", c) for c in args.ct2.split(",")]
+    times: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
+    outputs, peaks, errors = {}, {}, {}
+    for _ in range(args.repeat):
+        for engine, prec in configs:
+            if engine == "nmt":
+                r = run_job("nmt_latency", precision=prec, **common, **lengths)
+            else:
+                r = run_job("ct2_latency", compute_type=prec, ct2_site=args.ct2_site, ct2_dir=str(WORK / "ct2_small"),
+                            max_decoding_length=ct2_len, **common)
+            if "error" in r:
+                errors[engine, prec] = r["error"]
+                continue
+            times[engine, prec] += r["times"]
+            outputs[engine, prec], peaks[engine, prec] = r["outputs"], (r["peak_mb"], r["peak_mb"] - r["import_mb"])
+    medians = {}
+    for (engine, prec), ts in times.items():
+        label = f"{'nmt' if engine == 'nmt' else 'CTranslate2'} {prec}"
+        if not ts:
+            print(f"  {label:<22} error: {errors.get((engine, prec), 'no result')}")
+            continue
+        ts = sorted(ts)
+        medians[engine, prec] = statistics.median(ts)
+        print(f"  {label:<22} median {1000 * medians[engine, prec]:6.1f} ms  p90 {1000 * ts[int(0.9 * len(ts))]:6.1f} ms"
+              f"  mean {1000 * statistics.mean(ts):6.1f} ms  peak {peaks[engine, prec][0]:5.0f} MB "
+              f"({peaks[engine, prec][1]:4.0f} beyond import)  ({len(ts)} calls)")
+    for ours, theirs in ((("nmt", "fp32"), ("ct2", "float32")), (("nmt", "int8"), ("ct2", "int8"))):
+        if ours in medians and theirs in medians:
+            same = sum(x == y for x, y in zip(outputs[ours], outputs[theirs], strict=True))
+            print(f"  nmt {ours[1]} / CTranslate2 {theirs[1]}: {medians[ours] / medians[theirs]:.2f}x the time a "
+                  f"sentence (medians); {same}/{len(outputs[ours])} outputs identical")
+    print()
+
+
+JOBS = {"nmt": job_nmt, "ct2": job_ct2, "stream": job_stream, "nmt_latency": job_nmt_latency,
+        "ct2_latency": job_ct2_latency}
 # Anchors that live in their own environments, run as scripts that print one JSON line (seconds, sentences, ...):
 # Hugging Face generate on the weights converted to a MarianMTModel, fairseq's SequenceGenerator on the weights
 # converted to a fairseq TransformerModel (see each script's docstring for its install line).
@@ -293,6 +415,8 @@ def row(label: str, r: dict) -> str:
     gpu = f"  GPU peak {r['gpu_peak_mb']:6.0f} MB" if "gpu_peak_mb" in r else ""
     gpu += f"  graph steps: {r['graphs']}" if "graphs" in r else ""
     median = f", median of {r['runs']} {r['median_s']:.2f} s" if r.get("runs", 1) > 2 else ""
+    if "import_mb" in r:  # the peak beyond the engine's import (its resident memory right after importing it)
+        gpu = f" ({r['peak_mb'] - r['import_mb']:5.0f} beyond import){gpu}"
     return (f"  {label:<34} {sps:8.1f} sent/s {tps:9.0f} tgt tok/s  peak {r['peak_mb']:7.0f} MB{gpu}  "
             f"({r['seconds']:.2f} s{median})")
 
@@ -443,6 +567,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="Runs per configuration (alternated); the best is shown.")
     p.add_argument("--base-lines", type=int, default=None, help="First N lines of newstest2014 (default: all 3003).")
     p.add_argument("--stream-lines", type=int, default=1_000_000)
+    p.add_argument("--latency-lines", type=int, default=50, help="latency: Multi30k test lines, one a call.")
+    p.add_argument("--nmt-latency", default="fp32,int8", help="latency: nmt's precisions.")
     args = p.parse_args()
     if args.job:
         spec = json.loads(args.job)
@@ -463,9 +589,7 @@ def main() -> None:
     anchors = "measured below" if (args.hf_site or args.fairseq_python) else "not measured: see --hf-site/--fairseq-python"
     print(f"quoted figures (not measured here): {QUOTED}; Hugging Face / fairseq anchors: {anchors}\n")
     if "small" in sections:
-        ckpt = args.small_checkpoint or make_random_checkpoint(
-            WORK / "small_random.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
-            d_model=256, d_ff=1024, n_heads=4, encoder_layers=3, decoder_layers=3)
+        ckpt = args.small_checkpoint or small_random_checkpoint()
         compare("small", ckpt, MULTI30K / "test.en", MULTI30K / "test.de", args, args.small_checkpoint is not None, 20)
     if "base" in sections:
         corpus = [DATA / "europarl_v7_ende_20k" / f"train.{lang}" for lang in ("en", "de")]
@@ -477,6 +601,9 @@ def main() -> None:
         corpus = [c for c in corpus if c.exists()] or [NEWSTEST / "valid.en", NEWSTEST / "valid.de"]
         ckpt = make_random_checkpoint(WORK / "big_random.pt", corpus, 32000, d_model=1024, d_ff=4096, n_heads=16)
         compare("big", ckpt, NEWSTEST / "test.en", NEWSTEST / "test.de", args, False, 32)
+    if "latency" in sections:
+        ckpt = args.small_checkpoint or small_random_checkpoint()
+        latency(ckpt, args.small_checkpoint is not None, args)
     if "stream" in sections:
         tiny = make_random_checkpoint(WORK / "stream_tiny.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
                                       d_model=64, d_ff=128, n_heads=2, encoder_layers=1, decoder_layers=1)

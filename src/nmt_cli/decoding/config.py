@@ -109,12 +109,14 @@ def max_output_lengths(lengths: list[int], cfg: SearchConfig, limit: int | None)
 class Sources(NamedTuple):
     """A batch for decode_batches: source ids [B, S], right-padded, and their padding mask [B, S] (True at padding)
     on the decoding device; their lengths on the host (so that the search never reads them back); optionally the
-    batch already encoded (its decoder cache: a server encodes arriving sentences while the search decodes)."""
+    batch already encoded (its decoder cache: a server encodes arriving sentences while the search decodes) and the
+    target ids each output must start with (one list per sentence)."""
 
     src: Tensor
     src_pad_mask: Tensor | None
     lengths: list[int]
     cache: object = None
+    prefix: list[list[int]] | None = None
 
 
 def source_batch(seqs: list[list[int]], device) -> Sources:

@@ -4,10 +4,12 @@ A step (`decode_step`): the model's step over the cache -> log-softmax -> the co
 and `advance` (tensor operations only). Every `check_every` steps the host reads which sentences are done: they
 leave (hypotheses read once, rows dropped from the state and the cache), and the next batch may join.
 
-Continuous batching: once the running batch is down to `join_below` x the next batch's sentences, the next batch
-joins it (a cache segment of its own, steps counted from the step it joined at), so the last few-row steps of a
-batch are shared with the next one's first. A server feeds the loop live (`Feed`): new work joins at a host check,
-and `on_done` reports each sentence as it finishes.
+`DecodeLoop` is that loop, in three parts: `admit` (a batch starts, or joins the running one), `step`, `check` (the
+host check). Its batches come from a `Feed`: `BatchList` for batches given up front (continuous batching: once the
+running batch is down to `join_below` x the next batch's sentences, the next batch joins it, a cache segment of its
+own, steps counted from the step it joined at, so the last few-row steps of a batch are shared with the next one's
+first), or a server's live feed (new work joins at any host check, and `on_done` reports each sentence as it
+finishes). `decode_batches` builds the loop and runs it.
 """
 
 from __future__ import annotations
@@ -69,6 +71,144 @@ def algorithm(cfg: SearchConfig, generator: torch.Generator | None = None, devic
     return Sampling(cfg) if cfg.beam == 1 else BeamSearch(cfg)
 
 
+class BatchList:
+    """Batches given up front, as a Feed: the next one joins the running search once it is down to `join_below` x
+    the next batch's sentences (0: the batches one after the other). Each batch's prefixes (one list per sentence, or
+    None) come with it."""
+
+    def __init__(self, batches: Iterable[Batch], prefixes: Iterable[list[list[int]] | None] | None, join_below: float):
+        self._batches = iter(batches)
+        self._prefixes = iter(prefixes) if prefixes is not None else None
+        self.join_below = join_below
+        self._next = self._take()
+
+    def _take(self) -> Sources | None:
+        batch = next(self._batches, None)
+        if batch is None:
+            return None
+        prefix = next(self._prefixes) if self._prefixes is not None else None
+        return _sources(batch)._replace(prefix=prefix)
+
+    def poll(self, running: int) -> Sources | None:
+        upcoming = self._next
+        if upcoming is None or not self.join_below or running > self.join_below * upcoming.src.size(0):
+            return None
+        return self.wait()
+
+    def wait(self) -> Sources | None:
+        upcoming, self._next = self._next, self._take()
+        return upcoming
+
+    def abandoned(self, sentences: list[int]) -> list[int]:
+        return []
+
+
+class DecodeLoop:
+    """One search over a feed of batches (module docstring): `admit` starts a batch or joins it to the running one,
+    `step` decodes one position of every row (eagerly, or as a recorded graph), `check` lets the finished sentences
+    leave at a host check; `run` drives them. The step count `t` advances in `step` alone."""
+
+    def __init__(self, model, cfg: SearchConfig, search: BeamSearch | Sampling, feed: Feed, device, *,
+                 check_every: int | None = None, static: bool = False, graphs: StepGraphs | None = None,
+                 on_done: Callable[[int, list[Hypothesis]], None] | None = None, stop: Callable[[], bool] | None = None):
+        self.model, self.cfg, self.search, self.feed = model, cfg, search, feed
+        self.check_every = check_every or (CHECK_EVERY if device.type == "cpu" else GPU_CHECK_EVERY)
+        self.static, self.graphs, self.on_done, self.stop = static, graphs, on_done, stop
+        self.guard = CHECK_SYNCS and device.type == "cuda"  # (tests; the caller resets the mode)
+        self.state: SearchState | None = None
+        self.cache = None
+        self.t = 0  # steps since the state began (less those trimmed when the first starters left)
+        self.started = 0  # sentences begun
+        self.results: list[list[Hypothesis]] = []  # per sentence, in batch order (not kept with on_done)
+        self.sizes: list[int] = []
+
+    def run(self, first: Batch) -> list[list[list[Hypothesis]]]:
+        batch, checked = first, True  # checked: the host knows which sentences are done (right after a check)
+        while True:
+            if self.guard:
+                torch.cuda.set_sync_debug_mode(0 if checked else "error")
+            if self.state is None and batch is None:
+                batch = self.feed.wait()
+                if batch is None:
+                    break
+            elif self.state is not None and checked:
+                batch = self.feed.poll(self.state.n)
+            if batch is not None:
+                self.admit(_sources(batch))
+                batch = None
+            self.step()
+            checked = self.t % self.check_every == 0 or self.t >= max(self.state.max_len_host)  # (all must be done)
+            if checked:
+                self.check()
+        if self.guard:
+            torch.cuda.set_sync_debug_mode(0)
+        results = [_ranked(hyps, self.cfg) for hyps in self.results] if self.search.beam else self.results
+        ends = list(accumulate(self.sizes))
+        return [results[end - size : end] for end, size in zip(ends, self.sizes, strict=True)]
+
+    def admit(self, batch: Sources) -> None:
+        """A batch starts (nothing running) or joins the running one at step t (its sentences count their steps and
+        positions from there)."""
+        src, n = batch.src, batch.src.size(0)
+        prefix = prefix_tensor(batch.prefix, n, src.device)
+        max_len = _max_len(self.model, batch.lengths, self.cfg, batch.prefix if prefix is not None else None)
+        new = batch.cache if batch.cache is not None else encode_batch(self.model, src, batch.src_pad_mask,
+                                                                        self.static)
+        new.repeat_beams(self.search.per)  # `per` rows a sentence from its first step (beam copies: start -inf)
+        if self.state is None:
+            self.cache, self.t = new, 0
+            self.state = SearchState(self.search.per, n, max_len, prefix, self.started, src.device, self.search.beam)
+        else:
+            self.cache = self.cache.join(new)
+            self.state.join(n, max_len, prefix, self.t, self.started)
+        self.started += n
+        if self.on_done is None:
+            self.results += [[] for _ in range(n)]
+            self.sizes.append(n)
+
+    def step(self) -> None:
+        """One position of every row: a recorded graph where the step allows one, else eagerly."""
+        model, cache, state, t = self.model, self.cache, self.state, self.t
+        if self.graphs is not None and graphable(model, cache, state, self.cfg, t):
+            cache.make_room(model.config.max_positions)  # (a new bucket: new buffers, and a new graph)
+            state.first_rows()  # made before the key, not inside a recording
+            body = in_place(partial(decode_step, model, cache, state, self.cfg, self.search), state)
+            self.graphs.run(step_key(state, cache, self.cfg, self.search), body, t)
+            cache.advance(device=False)  # the host's count (a replay runs no Python)
+        else:
+            decode_step(model, cache, state, self.cfg, self.search, t)
+        self.t += 1
+
+    def check(self) -> None:
+        """A host check: the sentences done (or abandoned) leave, their hypotheses read once; with static caches
+        only once at most half the batch is left (few shapes)."""
+        if self.guard:
+            torch.cuda.set_sync_debug_mode(0)  # the host check itself waits for the device
+        if self.stop is not None and self.stop():
+            raise Stopped("decoding stopped")
+        state = self.state
+        done = state.done.tolist()
+        for i in self.feed.abandoned(state.ids):
+            done[i] = None  # leaves, unreported
+        leaving = [i for i, d in enumerate(done) if d is not False]
+        if not leaving or (self.static and 2 * (len(done) - len(leaving)) > len(done)):
+            return
+        finished = [i for i in leaving if done[i]]
+        found = state.hypotheses(finished, self.cfg.alpha, self.cfg.lp) if finished else []
+        for i, hyps in zip(finished, found, strict=True):
+            if self.on_done is None:
+                self.results[state.ids[i]] = hyps
+            else:
+                self.on_done(state.ids[i], _ranked(hyps, self.cfg) if self.search.beam else hyps)
+        if len(leaving) == len(done):
+            self.state = self.cache = None
+            return
+        keep = [i for i, d in enumerate(done) if d is False]
+        keep = Kept(keep if self.search.keeps_order else self.cache.order(keep))
+        self.cache.reorder(state.keep(keep), keep)  # they leave after the step, the same on every path
+        self.t -= state.trim()  # steps before the oldest unfinished sentence began
+
+
 @torch.inference_mode()
 def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes: Iterable[list[list[int]] | None]
                    | None = None, generator: torch.Generator | None = None, join_below: float = JOIN_BELOW,
@@ -89,94 +229,15 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     cfg = cfg.validate()
     if graphs is not None and (feed is not None or not static):
         raise ValueError("graphs need static caches and batches given up front (no feed)")
-    pending = iter(batches) if feed is None else iter(())
-    upcoming = next(pending, None) if feed is None else feed.wait()
-    if upcoming is None:
+    feed = feed if feed is not None else BatchList(batches, prefixes, join_below)
+    first = feed.wait()
+    if first is None:
         return []
-    search = search or algorithm(cfg, generator, upcoming[0].device)
-    if check_every is None:
-        check_every = CHECK_EVERY if upcoming[0].device.type == "cpu" else GPU_CHECK_EVERY
-    per = search.per
-    results: list[list[Hypothesis]] = []  # per sentence, in batch order (not kept with on_done)
-    sizes: list[int] = []
-    started = 0  # sentences begun
-    prefix_iter = iter(prefixes) if prefixes is not None else None
-    state: SearchState | None = None
-    t = 0
-    checked = True  # the host knows which sentences are done (right after a check)
-    guard = CHECK_SYNCS and upcoming[0].device.type == "cuda"  # (tests; the caller resets the mode)
-    while upcoming is not None or state is not None or feed is not None:
-        if guard:
-            torch.cuda.set_sync_debug_mode(0 if checked else "error")
-        if feed is not None and upcoming is None:
-            if state is None:
-                upcoming = feed.wait()
-                if upcoming is None:
-                    break
-            elif checked:
-                upcoming = feed.poll(state.n)
-        if state is None or (checked and upcoming is not None and (
-                feed is not None or (join_below and state.n <= join_below * upcoming[0].size(0)))):
-            src, src_pad_mask, lengths, encoded = _sources(upcoming)
-            upcoming = next(pending, None)
-            prefix_ids = next(prefix_iter) if prefix_iter else None
-            prefix = prefix_tensor(prefix_ids, src.size(0), src.device)
-            max_len = _max_len(model, lengths, cfg, prefix_ids if prefix is not None else None)
-            new = encoded if encoded is not None else encode_batch(model, src, src_pad_mask, static)
-            new.repeat_beams(per)  # `per` rows a sentence from its first step (beam copies: start scores -inf)
-            n = src.size(0)
-            if state is None:
-                cache, t = new, 0
-                state = SearchState(per, n, max_len, prefix, started, src.device, search.beam)
-            else:  # join the running batch at step t (> 0)
-                cache = cache.join(new)
-                state.join(n, max_len, prefix, t, started)
-            started += n
-            if on_done is None:
-                results += [[] for _ in range(n)]
-                sizes.append(n)
-        if graphs is not None and graphable(model, cache, state, cfg, t):
-            cache.make_room(model.config.max_positions)  # (a new bucket: new buffers, and a new graph)
-            state.first_rows()  # made before the key, not inside a recording
-            body = in_place(partial(decode_step, model, cache, state, cfg, search), state)
-            graphs.run(step_key(state, cache, cfg, search), body, t)
-            cache.advance(device=False)  # the host's count (a replay runs no Python)
-        else:
-            decode_step(model, cache, state, cfg, search, t)
-        checked = (t + 1) % check_every == 0 or t + 1 >= max(state.max_len_host)  # (all must be done)
-        if checked:
-            if guard:
-                torch.cuda.set_sync_debug_mode(0)  # the host check itself waits for the device
-            if stop is not None and stop():
-                raise Stopped("decoding stopped")
-            done = state.done.tolist()
-            if feed is not None:
-                for i in feed.abandoned(state.ids):
-                    done[i] = None  # leaves, unreported
-            leaving = [i for i, d in enumerate(done) if d is not False]
-            # static shapes: done sentences stay in place, masked, until at most half the batch is left
-            if leaving and (not static or 2 * (len(done) - len(leaving)) <= len(done)):
-                finished = [i for i in leaving if done[i]]
-                found = state.hypotheses(finished, cfg.alpha, cfg.lp) if finished else []
-                for i, hyps in zip(finished, found, strict=True):
-                    if on_done is None:
-                        results[state.ids[i]] = hyps
-                    else:
-                        on_done(state.ids[i], _ranked(hyps, cfg) if search.beam else hyps)
-                if len(leaving) == len(done):
-                    state = None
-                    continue
-                keep = [i for i, d in enumerate(done) if d is False]
-                keep = Kept(keep if search.keeps_order else cache.order(keep))
-                cache.reorder(state.keep(keep), keep)  # they leave after the step, the same on every path
-                t -= state.trim()  # steps before the oldest unfinished sentence began
-        t += 1
-    if guard:
-        torch.cuda.set_sync_debug_mode(0)
-    if search.beam:
-        results = [_ranked(hyps, cfg) for hyps in results]
-    ends = list(accumulate(sizes))
-    return [results[end - size : end] for end, size in zip(ends, sizes, strict=True)]
+    device = first[0].device
+    search = search or algorithm(cfg, generator, device)
+    loop = DecodeLoop(model, cfg, search, feed, device, check_every=check_every, static=static, graphs=graphs,
+                      on_done=on_done, stop=stop)
+    return loop.run(first)
 
 
 def decode_step(model, cache, state: SearchState, cfg: SearchConfig, search: BeamSearch | Sampling,
