@@ -26,8 +26,12 @@ import unicodedata
 from nmt_cli.errors import ConfigError
 
 LINE_BREAK = re.compile(r"(\r\n|\n|\r)")
-# a URL (a scheme, or www.) or an e-mail address, up to the next space
-_ADDRESS = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.)\S+|[^\s@]+@[^\s@]+\.[^\s@]+")
+# A word (between white space) that is a URL (a scheme, or www.) or an e-mail address, once the punctuation around it
+# is left out. Matched word by word, anchored, the scheme at most 32 characters: the time stays linear in the text (a
+# search over the whole text backtracked quadratically: 21 s for a 100,000-letter line, hours for 1 MB).
+_URL = re.compile(r"(?:[A-Za-z][A-Za-z0-9+.-]{0,31}://|www\.)\S+")
+_EMAIL = re.compile(r"[^\s@]+@[^\s@]+\.[^\s@]+")
+_AROUND = "\"'()[]{}<>«»‹›“”‘’„,.;:!?"
 _EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.S)
 EXTRA = "sentences"  # the extra of pyproject.toml that brings sentencex (serve brings it too)
 
@@ -36,7 +40,13 @@ def translatable(text: str) -> bool:
     """Whether `text` holds a letter (Unicode category L*) outside its URLs and e-mail addresses."""
     if not any(unicodedata.category(c)[0] == "L" for c in text):
         return False
-    return any(unicodedata.category(c)[0] == "L" for c in _ADDRESS.sub(" ", text))
+    return any(unicodedata.category(c)[0] == "L" for word in text.split() if not _address(word) for c in word)
+
+
+def _address(word: str) -> bool:
+    """Whether `word` (no white space) is a URL or an e-mail address, punctuation around it aside."""
+    core = word.strip(_AROUND)
+    return _URL.match(core) is not None or ("@" in core and _EMAIL.fullmatch(core) is not None)
 
 
 def split(text: str, lang: str | None = None, sentences: bool = False) -> list[str]:
