@@ -13,7 +13,7 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 COMMANDS = ["prepare", "train", "average", "translate", "serve", "score", "export", "export ctranslate2",
-            "export huggingface", "import", "push"]  # tests/test_docs.py checks that this names every command of the app
+            "export huggingface", "import", "push", "shortlist"]  # tests/test_docs.py checks that this names every command of the app
 
 PREAMBLE = """\
 # CLI reference

@@ -54,7 +54,7 @@ def _help(path: str, capsys, monkeypatch) -> str:
 
 
 COMMANDS = ["nmt", "nmt prepare", "nmt train", "nmt average", "nmt translate", "nmt serve", "nmt score", "nmt export",
-            "nmt export ctranslate2", "nmt export huggingface", "nmt import", "nmt push"]
+            "nmt export ctranslate2", "nmt export huggingface", "nmt import", "nmt push", "nmt shortlist"]
 
 
 def test_every_command_is_covered():

@@ -201,6 +201,8 @@ def test_validation_keeps_its_own_schedule(toy_data_dir, tmp_path, monkeypatch):
         in r.stderr
     assert _counts(run) == ([6, 12, 13], [4, 8, 12, 13])
     assert "valid_nll" not in load(run / "checkpoint_8.pt").meta and "valid_nll" in load(run / "checkpoint_12.pt").meta
+    # the data directory has no shortlist.pt: the run learned one, and every checkpoint carries it
+    assert load(run / "checkpoint_8.pt").shortlist is not None and load(run / "averaged.pt").shortlist is not None
     log = (run / "train.log").read_text()
     assert re.search(r"update 6 epoch \d+: valid_nll .*\(\d[.\d]* (s|min)\)", log), log
     assert re.search(r"update 4: saved checkpoint_4.pt and checkpoint_last.pt \(\d[.\d]* (s|min)\)", log), log

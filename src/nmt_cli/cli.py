@@ -11,7 +11,18 @@ import sys
 import typer
 
 from nmt_cli import __version__
-from nmt_cli.commands import average, export, import_, prepare, push, score, serve, train, translate
+from nmt_cli.commands import (
+    average,
+    export,
+    import_,
+    prepare,
+    push,
+    score,
+    serve,
+    shortlist,
+    train,
+    translate,
+)
 from nmt_cli.commands.helpformat import Group, argument_name, option_metavar
 from nmt_cli.commands.messages import click_exceptions
 from nmt_cli.errors import NmtError
@@ -62,7 +73,7 @@ def _root(
     _state["debug"] = debug
 
 
-for _module in (prepare, train, average, translate, serve, score, export, import_, push):
+for _module in (prepare, train, average, translate, serve, score, export, import_, push, shortlist):
     _module.register(app)
 
 

@@ -129,6 +129,9 @@ def replace_linears(model: nn.Module, layer, output=None) -> nn.Module:
                 if type(child) is nn.Linear:
                     setattr(module, name, layer(child.weight, child.bias))
         model.output_layer = (output or layer)(output_weight, model.output_bias)
+        # the same kind of product over a shortlist's rows, from the float weights (output_over; plain attributes,
+        # not registered: an untied out_proj's float weight stays referenced here)
+        model.__dict__.update(output_factory=output or layer, output_float=output_weight.detach())
     return model
 
 
@@ -256,10 +259,11 @@ class Transformer(nn.Module):
             x = layer(x, memory, mask)
         return self.output(self.decoder_norm(x))  # [B, T, V]
 
-    def step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+    def step(self, tokens: Tensor, cache: DecoderCache, candidates=None) -> Tensor:
         """Logits [R, V] of the next token after `tokens` [R], extending `cache` by one position
-        (nmt_cli.decoding.step.step)."""
-        return decoding_step.step(self, tokens, cache)
+        (nmt_cli.decoding.step.step); over a shortlist's columns [R, C] with `candidates`
+        (nmt_cli.decoding.candidates)."""
+        return decoding_step.step(self, tokens, cache, None if candidates is None else candidates.output(self))
 
     def static_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """The step proper, with no host sync (nmt_cli.decoding.step.static_step): what `compile_step` and CUDA
@@ -273,9 +277,24 @@ class Transformer(nn.Module):
         position = self.positions.index_select(0, positions).to(embedding.weight.dtype)
         return embedding.forward(tokens) * self.embed_scale + position
 
-    def step_output(self, x: Tensor) -> Tensor:
-        """Incremental decoding's output: the last layer's rows [R, D] -> logits [R, V]."""
-        return self.output(self.decoder_norm.forward(x))
+    def step_output(self, x: Tensor, output=None) -> Tensor:
+        """Incremental decoding's output: the last layer's rows [R, D] -> logits [R, V], or through `output` (a
+        projection over a shortlist's rows: `output_over`)."""
+        return (output or self.output)(self.decoder_norm.forward(x))
+
+    def output_over(self, ids: Tensor):
+        """The output projection over the rows `ids` [C] of the vocabulary only: a function [R, D] -> [R, C], the
+        same kind of product as the full one (float32, oneDNN's packed, int8)."""
+        weight = self.__dict__.get("output_float")
+        if weight is None:
+            weight = self.out_proj.weight if hasattr(self, "out_proj") else self.embed.weight
+        ids = ids.to(weight.device)
+        weight = weight.detach().index_select(0, ids)
+        bias = None if self.output_bias is None else self.output_bias.index_select(0, ids)
+        make = self.__dict__.get("output_factory")
+        if make is not None:
+            return make(weight, bias).forward
+        return lambda x: F.linear(x, weight, bias)
 
     def cross_keys_values(self, memory: Tensor) -> Tensor:
         """Every decoder layer's encoder-decoder keys and values of memory [N, S, D] -> [L, 2, N, H, S, K]."""

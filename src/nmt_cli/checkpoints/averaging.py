@@ -43,7 +43,7 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> Checkpoint:
         raise CheckpointError("no checkpoints to average; pass files or --last N with a run directory")
     first = load(paths[0])
     sums = {k: v.to(torch.float64) if v.is_floating_point() else v.clone() for k, v in first.model_state.items()}
-    last = first
+    last, shortlist = first, first.shortlist
     for path in paths[1:]:
         ckpt = load(path)
         if ckpt.model_config != first.model_config:
@@ -57,13 +57,23 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> Checkpoint:
                 sums[k] += v.to(torch.float64)
             else:
                 sums[k] = v.clone()
+        if not _same_shortlist(shortlist, ckpt.shortlist):
+            shortlist = None  # the inputs' shortlists differ: the average has none (nmt shortlist adds one)
         last = ckpt
     n = len(paths)
     state = {k: (v / n).to(first.model_state[k].dtype) if v.is_floating_point() else v for k, v in sums.items()}
     meta = {k: v for k, v in last.meta.items() if k in ("step", "epoch", "preset")}
     meta["averaged_from"] = [str(p) for p in paths]
     return Checkpoint(first.model_config, state, first.tokenizer, dict(first.langs), None, meta,
-                      first.target_tokenizer, first.vocab)
+                      first.target_tokenizer, first.vocab, shortlist)
+
+
+def _same_shortlist(a: dict | None, b: dict | None) -> bool:
+    """Whether two checkpoints' vocabulary shortlists (data/shortlist.py, as stored) are the same."""
+    if a is None or b is None:
+        return False
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                        for k in a)
 
 
 def last_checkpoints(run_dir: str | os.PathLike, n: int, note=None) -> list[Path]:

@@ -48,6 +48,7 @@ class Checkpoint:
     meta: dict[str, Any] = field(default_factory=dict)
     target_tokenizer: bytes | None = None  # an imported tokenizer's target sentencepiece model
     vocab: list[str] | None = None  # an imported tokenizer's pieces, one per model id
+    shortlist: dict[str, Any] | None = None  # a vocabulary shortlist (data/shortlist.py's Shortlist.to_dict)
 
     def build_model(self, device: str | torch.device = "cpu"):
         """A Transformer with these weights, in eval mode."""
@@ -90,6 +91,8 @@ def to_dict(ckpt: Checkpoint) -> dict[str, Any]:
         out["target_tokenizer"] = torch.frombuffer(bytearray(ckpt.target_tokenizer), dtype=torch.uint8)
     if ckpt.vocab is not None:
         out["vocab"] = list(ckpt.vocab)
+    if ckpt.shortlist is not None:
+        out["shortlist"] = dict(ckpt.shortlist)
     return out
 
 
@@ -183,6 +186,7 @@ def load(path: str | os.PathLike, map_location: str | torch.device = "cpu", mmap
             meta=dict(data.get("meta", {})),
             target_tokenizer=data["target_tokenizer"].numpy().tobytes() if "target_tokenizer" in data else None,
             vocab=list(data["vocab"]) if "vocab" in data else None,
+            shortlist=dict(data["shortlist"]) if isinstance(data.get("shortlist"), dict) else None,
         )
     except (KeyError, AttributeError, TypeError) as exc:
         raise CheckpointError(f"{path}: checkpoint is missing or has a malformed field ({exc}); it may be damaged") from exc

@@ -117,6 +117,8 @@ def register(app: typer.Typer) -> None:
         device: DeviceChoice = OPTIONS["device"](),
         precision: TranslatePrecision = OPTIONS["precision"](),
         threads: int = OPTIONS["threads"](),
+        shortlist: bool = OPTIONS["shortlist"](),
+        shortlist_size: int = OPTIONS["shortlist_size"](),
     ) -> None:
         from nmt_cli.errors import ConfigError
 
@@ -149,7 +151,8 @@ def register(app: typer.Typer) -> None:
         sampler = cpus.start() if threads is None else None
         options = dict(beam=beam, lenpen=lenpen, lenpen_form=lenpen_form.value, stop=stop.value, max_len_a=max_len_a,
                        max_len_b=max_len_b, min_len=min_len, no_repeat_ngram=no_repeat_ngram, sampling=sampling,
-                       topk=topk, topp=topp, temperature=temperature, seed=seed, max_tokens=max_tokens)
+                       topk=topk, topp=topp, temperature=temperature, seed=seed, max_tokens=max_tokens,
+                       shortlist=shortlist, shortlist_size=shortlist_size)
         loaded, seen = [], {}
         for name, pair in zip(models, pairs, strict=True):
             ckpts = core.load_checkpoints([name], note=note_line)

@@ -119,6 +119,15 @@ OPTIONS = {
     "threads": lambda: typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
         show_default="the cores not busy with other work",
         help="CPU threads."),
+    "shortlist": lambda: typer.Option(
+        True, "--shortlist/--no-shortlist", rich_help_panel=_SEARCH, show_default="on, on a CPU",
+        help="On a CPU, score only the target pieces the model's vocabulary shortlist lists for a batch's source "
+        "pieces (learned from its training data; nmt shortlist adds one); --no-shortlist scores the whole vocabulary."
+        ),
+    "shortlist_size": lambda: typer.Option(
+        None, "--shortlist-size", min=1, metavar="N", rich_help_panel=_SEARCH, show_default=str(defaults.SHORTLIST_SIZE),
+        help="Target pieces taken per source piece from the shortlist (at most what it stores)."
+        ),
 }
 
 
@@ -200,6 +209,8 @@ def register(app: typer.Typer) -> None:
             help="On a GPU, replay each decoding step as a CUDA graph (one launch instead of hundreds). "
                  "--no-cuda-graphs launches them one by one.",
         ),
+        shortlist: bool = OPTIONS["shortlist"](),
+        shortlist_size: int = OPTIONS["shortlist_size"](),
     ) -> None:
         from nmt_cli.checkpoints.atomic import atomic_write
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
@@ -233,7 +244,7 @@ def register(app: typer.Typer) -> None:
                 sampling=sampling, topk=topk, topp=topp, temperature=temperature, seed=seed, token_scores=token_scores,
                 alignment=print_alignment.value if print_alignment is not None else None,
                 alignment_layer=alignment_layer, replace_unk=replace_unk, workers=workers, cuda_graphs=cuda_graphs,
-                tgt_lang=tgt_lang, split_sentences=split_sentences,
+                tgt_lang=tgt_lang, split_sentences=split_sentences, shortlist=shortlist, shortlist_size=shortlist_size,
             )
             if translator.max_tokens_reason is not None:
                 note_line(f"--max-tokens auto: {translator.max_tokens_reason}")

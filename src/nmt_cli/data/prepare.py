@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from nmt_cli.checkpoints import atomic
-from nmt_cli.data import corpora, multilingual, readers
+from nmt_cli.data import corpora, multilingual, readers, shortlist
 from nmt_cli.data import sample_corpus as sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
 from nmt_cli.data.hub_corpora import Progress, Warn
 from nmt_cli.data.readers import PairSource
-from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter
+from nmt_cli.data.store import MANIFEST, SPM_MODEL, SPM_TARGET, VOCAB_JSON, BinaryWriter, ParallelData
 from nmt_cli.data.tokenizer import Tokenizer, train_bpe
 from nmt_cli.errors import ConfigError, DataError
 from nmt_cli.runtime import cpus
@@ -474,8 +474,13 @@ def _build(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: Path,
         results[split] = stamp
         clock.lap(f"encode {split}")
 
-    # 4. manifest, last
+    # 4. the vocabulary shortlist (data/shortlist.py), from the train split just written; the manifest, last
     manifest = _manifest(opts, plan, tok, out, results)
+    if progress:
+        progress("shortlist", 0, None)
+    shortlist.save(shortlist.learn(shortlist.SplitPairs(ParallelData(out, "train", manifest)), int(manifest["vocab_size"])),
+                   out / shortlist.FILE)
+    clock.lap("shortlist")
     atomic.write_text(out / MANIFEST, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     clock.total()
     return PrepareResult(out, manifest, reused, clock.wall, clock.cpu)

@@ -140,6 +140,12 @@ class Tokenizer:
             return self.sp.id_to_piece(i)
         return self.vocab[i]
 
+    def piece_id(self, piece: str) -> int:
+        """The model id of `piece` (UNK's where the vocabulary has none)."""
+        if self.vocab is None:
+            return self.sp.piece_to_id(piece)
+        return self.index.get(piece, UNK_ID)
+
     def pieces(self, line: str, side: str = "source") -> list[str]:
         return [self.piece(i, side) for i in self.encode([line], side=side)[0]]
 

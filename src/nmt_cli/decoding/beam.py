@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import EOS_ID
+from nmt_cli.decoding.candidates import Candidates
 from nmt_cli.decoding.config import SearchConfig
 from nmt_cli.decoding.state import SearchState
 
@@ -37,10 +38,13 @@ class BeamSearch:
         self.cfg = cfg
         self.per = cfg.beam
 
-    def select(self, state: SearchState, t: int | Tensor, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """lprobs [N*K, V] (constrained) -> the step's candidates (scores, beams, tokens, each [N, 2K]); records
-        finished hypotheses and updates `state.done`."""
+    def select(self, state: SearchState, t: int | Tensor, lprobs: Tensor, shortlist: Candidates | None = None,
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """lprobs [N*K, V] (constrained; or over a `shortlist`'s columns) -> the step's candidates (scores, beams,
+        tokens, each [N, 2K]); records finished hypotheses and updates `state.done`."""
         scores, beams, tokens = candidates(state, lprobs)
+        if shortlist is not None:
+            tokens = shortlist.to_ids(tokens)
         finalize(state, t, scores, beams, tokens, self.cfg)
         return scores, beams, tokens
 

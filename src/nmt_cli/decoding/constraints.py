@@ -19,10 +19,14 @@ _NEG_INF = float("-inf")
 
 
 def constrain(lprobs: Tensor, cfg: SearchConfig, own_t: int | Tensor, force_eos: Tensor | None,
-              history: Tensor | None = None, forced: Tensor | None = None) -> None:
+              history: Tensor | None = None, forced: Tensor | None = None, columns=None) -> None:
     """All of a step's constraints: no PAD/BOS, no EOS before `cfg.min_len` tokens, no repeated n-gram in `history`
     [R, t] (generated tokens; PAD and BOS in it never match), the forced prefix token `forced` [R] (PAD where
-    free), EOS only where `force_eos` [R] (bool; the maximum length)."""
+    free), EOS only where `force_eos` [R] (bool; the maximum length). `columns`: lprobs holds a shortlist's
+    columns (decoding/candidates.py), and columns(pieces [R, ...]) gives each row's columns of pieces (PAD's where
+    it has none; the specials keep theirs)."""
+    if forced is not None and columns is not None:
+        forced = columns(forced)  # (a prefix's pieces are always among the candidates)
     if forced is not None:
         # the prefix token's log-probability before any ban (a model giving it probability 0 still produces it)
         keep = lprobs.gather(1, forced.unsqueeze(1)).nan_to_num(neginf=-1e4)  # [R, 1]
@@ -33,7 +37,7 @@ def constrain(lprobs: Tensor, cfg: SearchConfig, own_t: int | Tensor, force_eos:
         else:
             lprobs[:, EOS_ID].masked_fill_(own_t < cfg.min_len, _NEG_INF)
     if cfg.no_repeat_ngram and history is not None:
-        ban_repeats(lprobs, history, cfg.no_repeat_ngram)
+        ban_repeats(lprobs, history, cfg.no_repeat_ngram, columns)
     if forced is not None:
         free = (forced == PAD_ID).unsqueeze(1)  # [R, 1]
         lprobs.masked_fill_(~free, _NEG_INF)
@@ -52,13 +56,14 @@ def mask_special(lprobs: Tensor, force_eos: Tensor | None) -> None:
         lprobs[:, EOS_ID] = torch.where(force_eos, eos, lprobs[:, EOS_ID])
 
 
-def ban_repeats(lprobs: Tensor, history: Tensor, n: int) -> None:
+def ban_repeats(lprobs: Tensor, history: Tensor, n: int, columns=None) -> None:
     """No n-gram twice: ban each token that would complete an n-gram already in `history` [R, t]. One vectorised
-    pass over the history's n-grams; the bans are a scatter-min of -inf (+inf where nothing is banned)."""
+    pass over the history's n-grams; the bans are a scatter-min of -inf (+inf where nothing is banned). `columns`:
+    lprobs over a shortlist's columns (`constrain`); a piece outside them is banned at PAD's column, banned anyway."""
     t = history.size(1)
     if n == 1:
         if t:
-            lprobs.scatter_(1, history, _NEG_INF)
+            lprobs.scatter_(1, history if columns is None else columns(history), _NEG_INF)
         return
     if t < n:  # no complete n-gram yet
         return
@@ -66,7 +71,8 @@ def ban_repeats(lprobs: Tensor, history: Tensor, n: int) -> None:
     tail = history[:, t - n + 1 :]  # [R, n - 1]: the n-gram being completed now
     hit = (grams[:, :, :-1] == tail.unsqueeze(1)).all(-1)  # [R, G]
     ban = torch.full(hit.shape, float("inf"), dtype=lprobs.dtype, device=lprobs.device).masked_fill_(hit, _NEG_INF)
-    lprobs.scatter_reduce_(1, grams[:, :, -1], ban, reduce="amin")
+    last = grams[:, :, -1]
+    lprobs.scatter_reduce_(1, last if columns is None else columns(last), ban, reduce="amin")
 
 
 def prefix_tensor(prefix: list[list[int]] | None, batch: int, device) -> Tensor | None:

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt_cli.config import EOS_ID
+from nmt_cli.decoding.candidates import Candidates
 from nmt_cli.decoding.config import SearchConfig
 from nmt_cli.decoding.state import SearchState
 
@@ -34,10 +35,14 @@ class Sampling:
     def _draw(self, lprobs: Tensor) -> Tensor:
         return torch.multinomial(filtered(lprobs, self.cfg).exp(), 1, generator=self.generator).squeeze(1)
 
-    def select(self, state: SearchState, t: int | Tensor, lprobs: Tensor) -> Tensor:
-        """lprobs [R, V] (constrained) -> the chosen tokens [R]; records the rows that end here."""
+    def select(self, state: SearchState, t: int | Tensor, lprobs: Tensor, shortlist: Candidates | None = None,
+               ) -> Tensor:
+        """lprobs [R, V] (constrained; or over a `shortlist`'s columns) -> the chosen tokens [R]; records the rows
+        that end here."""
         choice = self.pick(lprobs)
         state.scores += lprobs.gather(1, choice.unsqueeze(1)).view_as(state.scores)
+        if shortlist is not None:
+            choice = shortlist.to_ids(choice.view(state.n, -1)).view(-1)
         ended = (choice == EOS_ID) & ~state.row_done  # [R]
         state.row_done |= ended
         written = ended.view_as(state.scores)  # [N, per]

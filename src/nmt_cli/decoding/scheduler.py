@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from nmt_cli.decoding.beam import BeamSearch
+from nmt_cli.decoding.candidates import Candidates, Shortlisting
 from nmt_cli.decoding.config import Hypothesis, Kept, SearchConfig, Sources, max_output_lengths
 from nmt_cli.decoding.constraints import constrain, prefix_tensor
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs, graphable, in_place, step_key
@@ -110,8 +111,10 @@ class DecodeLoop:
 
     def __init__(self, model, cfg: SearchConfig, search: BeamSearch | Sampling, feed: Feed, device, *,
                  check_every: int | None = None, static: bool = False, graphs: StepGraphs | None = None,
-                 on_done: Callable[[int, list[Hypothesis]], None] | None = None, stop: Callable[[], bool] | None = None):
+                 on_done: Callable[[int, list[Hypothesis]], None] | None = None, stop: Callable[[], bool] | None = None,
+                 candidates: Candidates | None = None):
         self.model, self.cfg, self.search, self.feed = model, cfg, search, feed
+        self.candidates = candidates  # a shortlist's columns (candidates.py), or None: the whole vocabulary
         self.check_every = check_every or (CHECK_EVERY if device.type == "cpu" else GPU_CHECK_EVERY)
         self.static, self.graphs, self.on_done, self.stop = static, graphs, on_done, stop
         self.guard = CHECK_SYNCS and device.type == "cuda"  # (tests; the caller resets the mode)
@@ -161,6 +164,8 @@ class DecodeLoop:
         else:
             self.cache = self.cache.join(new)
             self.state.join(n, max_len, prefix, self.t, self.started)
+        if self.candidates is not None:
+            self.candidates.admit(src, prefix)
         self.started += n
         if self.on_done is None:
             self.results += [[] for _ in range(n)]
@@ -176,7 +181,7 @@ class DecodeLoop:
             self.graphs.run(step_key(state, cache, self.cfg, self.search), body, t)
             cache.advance(device=False)  # the host's count (a replay runs no Python)
         else:
-            decode_step(model, cache, state, self.cfg, self.search, t)
+            decode_step(model, cache, state, self.cfg, self.search, t, self.candidates)
         self.t += 1
 
     def check(self) -> None:
@@ -202,9 +207,13 @@ class DecodeLoop:
                 self.on_done(state.ids[i], _ranked(hyps, self.cfg) if self.search.beam else hyps)
         if len(leaving) == len(done):
             self.state = self.cache = None
+            if self.candidates is not None:
+                self.candidates.keep([])
             return
         keep = [i for i, d in enumerate(done) if d is False]
         keep = Kept(keep if self.search.keeps_order else self.cache.order(keep))
+        if self.candidates is not None:
+            self.candidates.keep(keep)
         self.cache.reorder(state.keep(keep), keep)  # they leave after the step, the same on every path
         self.t -= state.trim()  # steps before the oldest unfinished sentence began
 
@@ -215,7 +224,7 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
                    check_every: int | None = None, static: bool = False, search: BeamSearch | Sampling | None = None,
                    feed: Feed | None = None, on_done: Callable[[int, list[Hypothesis]], None] | None = None,
                    stop: Callable[[], bool] | None = None, graphs: StepGraphs | None = None,
-                   ) -> list[list[list[Hypothesis]]]:
+                   shortlist: Shortlisting | None = None) -> list[list[list[Hypothesis]]]:
     """Search every batch -> per batch, per sentence, its hypotheses (best first; samples in the order drawn).
 
     `prefixes`: per batch, the target token ids each output must start with (one list per sentence), or None.
@@ -225,7 +234,8 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
     algorithm (default `algorithm(cfg, generator)`). `feed`: a live Feed instead of `batches`; its batches join
     whenever `poll` gives one, and decoding ends when `wait` gives None. `on_done(sentence, hypotheses)`: called as
     each sentence finishes (the result is then []). `stop()`: asked at each host check; True raises Stopped.
-    `graphs`: the steps that allow it as CUDA graphs (graphs.py; needs `static`, no `feed`)."""
+    `graphs`: the steps that allow it as CUDA graphs (graphs.py; needs `static`, no `feed`). `shortlist`: score
+    only the candidates of a vocabulary shortlist (candidates.py; CPU decoding without graphs)."""
     cfg = cfg.validate()
     if graphs is not None and (feed is not None or not static):
         raise ValueError("graphs need static caches and batches given up front (no feed)")
@@ -235,19 +245,26 @@ def decode_batches(model, batches: Iterable[Batch], cfg: SearchConfig, prefixes:
         return []
     device = first[0].device
     search = search or algorithm(cfg, generator, device)
+    candidates = shortlist.candidates(search.per) if shortlist is not None and graphs is None else None
     loop = DecodeLoop(model, cfg, search, feed, device, check_every=check_every, static=static, graphs=graphs,
-                      on_done=on_done, stop=stop)
+                      on_done=on_done, stop=stop, candidates=candidates)
     return loop.run(first)
 
 
 def decode_step(model, cache, state: SearchState, cfg: SearchConfig, search: BeamSearch | Sampling,
-                t: int | Tensor) -> None:
+                t: int | Tensor, candidates: Candidates | None = None) -> None:
     """One step of every row, the same on every path: the model's step (one position more in the cache),
     log-softmax, the constraints, the search's `select` and `advance`, and the beams' moves in the cache. `t` is an
     int, or inside a CUDA graph a [1] device tensor: then the model's static step runs (the caller moves the
-    cache's host count) and the host's constraints are absent (`graphable` says where none applies)."""
+    cache's host count) and the host's constraints are absent (`graphable` says where none applies). With
+    `candidates` (a shortlist) the log-probabilities are over its columns, mapped back to pieces by the search."""
     tokens = state.column(t)
-    if isinstance(t, int):
+    if candidates is not None:
+        lprobs = _log_probs(model.step(tokens, cache, candidates))
+        history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
+        constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), history, state.forced(t),
+                  candidates.to_columns)
+    elif isinstance(t, int):
         lprobs = _log_probs(model.step(tokens, cache))
         history = state.tokens[:, 1 : t + 1] if cfg.no_repeat_ngram else None
         constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, state.force_eos(t), history, state.forced(t))
@@ -255,7 +272,7 @@ def decode_step(model, cache, state: SearchState, cfg: SearchConfig, search: Bea
         lprobs = _log_probs(model.static_step(tokens, cache))
         cache.advance(host=False)
         constrain(lprobs, cfg, state.own_t(t) if cfg.min_len else t, None)
-    rows = search.advance(state, t, search.select(state, t, lprobs))
+    rows = search.advance(state, t, search.select(state, t, lprobs, candidates))
     if rows is not None:  # beam search: the rows each continues (the cache moves its slot tables)
         cache.reorder(rows)
 

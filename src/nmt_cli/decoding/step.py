@@ -24,16 +24,17 @@ def init_cache(model, memory: Tensor, src_pad_mask: Tensor | None = None, static
     return DecoderCache([Segment(cross, src_pad_mask, static)])
 
 
-def step(model, tokens: Tensor, cache: DecoderCache) -> Tensor:
+def step(model, tokens: Tensor, cache: DecoderCache, output=None) -> Tensor:
     """Logits [R, V] of the next token after `tokens` [R] (each row's last token), extending `cache` by one
-    position: the host's part around the model's static step (compiled, when `compile_step` asked for it)."""
+    position: the host's part around the model's static step (compiled, when `compile_step` asked for it).
+    `output`: the output projection over a shortlist's columns (logits [R, C]; Transformer.output_over)."""
     cache.make_room(model.config.max_positions)
-    logits = model.step_fn(tokens, cache)
+    logits = model.step_fn(tokens, cache) if output is None else static_step(model, tokens, cache, output)
     cache.advance()
     return logits
 
 
-def static_step(model, tokens: Tensor, cache: DecoderCache) -> Tensor:
+def static_step(model, tokens: Tensor, cache: DecoderCache, output=None) -> Tensor:
     """tokens [R] -> logits [R, V], writing the new keys and values into the cache by index (module docstring)."""
     x = model.embed_step(tokens, cache.positions())  # [R, D]
     rows = x.size(0)
@@ -43,7 +44,7 @@ def static_step(model, tokens: Tensor, cache: DecoderCache) -> Tensor:
     masks = cache.self_masks()
     for i, layer in enumerate(model.decoder_layers):
         x = layer.step(x, lambda qkv, i=i: cache.self_attend(i, qkv, masks), lambda q, i=i: cache.cross_attend(i, q))
-    logits = model.step_output(x)
+    logits = model.step_output(x, output)
     return logits if padded == rows else logits[:rows]
 
 

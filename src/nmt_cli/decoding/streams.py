@@ -15,13 +15,14 @@ from collections.abc import Sequence
 
 import torch
 
+from nmt_cli.decoding.candidates import Shortlisting
 from nmt_cli.decoding.config import Hypothesis, SearchConfig
 from nmt_cli.decoding.scheduler import Batch, Stopped, decode_batches
 
 
 def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None,
-                   owner: Sequence[int], join_below: float, generator: torch.Generator | None = None, **options,
-                   ) -> list[list[list[Hypothesis]]]:
+                   owner: Sequence[int], join_below: float, generator: torch.Generator | None = None,
+                   shortlist: Shortlisting | None = None, **options) -> list[list[list[Hypothesis]]]:
     """`decode_batches` over `batches`, batch i by stream `owner[i]` (0, 1, ...; each its own thread) -> per batch,
     per sentence, its hypotheses (as decode_batches). While they run, each stream has torch.get_num_threads() //
     streams intra-op threads (at least one); the count is restored afterwards. One stream is decode_batches itself.
@@ -29,7 +30,7 @@ def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes:
     otherwise). `options` go to decode_batches (one stream only: a GPU's static caches and CUDA graphs)."""
     owners = sorted(set(owner))
     if len(owners) <= 1:
-        return decode_batches(model, batches, cfg, prefixes, generator, join_below, **options)
+        return decode_batches(model, batches, cfg, prefixes, generator, join_below, shortlist=shortlist, **options)
     if options:
         raise ValueError(f"decoding options {sorted(options)} need one stream")
     if cfg.sampling:
@@ -45,7 +46,7 @@ def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes:
         try:
             found = decode_batches(model, (batches[i] for i in mine), cfg,
                                    (prefixes[i] for i in mine) if prefixes is not None else None,
-                                   join_below=join_below, stop=stop.is_set)
+                                   join_below=join_below, stop=stop.is_set, shortlist=shortlist)
             for i, hyps in zip(mine, found, strict=True):
                 results[i] = hyps
         except Stopped:

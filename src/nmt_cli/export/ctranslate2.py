@@ -8,14 +8,17 @@ embeddings too.
 
 The folder holds model.bin, config.json and shared_vocabulary.json (CTranslate2's), sentencepiece.model (the
 checkpoint's tokenizer), README.md (model card and the Python lines that translate with it) and nmt_export.json
-(where it came from). The source EOS is added by CTranslate2 itself (`add_source_eos`), so callers pass plain
-sentencepiece pieces.
+(where it came from), and vmap.txt where the checkpoint has a vocabulary shortlist (data/shortlist.py): CTranslate2's
+vocabulary mapping (its converter's `--vocab_mapping`), so that `use_vmap=True` scores the candidates nmt translate
+scores. The source EOS is added by CTranslate2 itself (`add_source_eos`), so callers pass plain sentencepiece
+pieces.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -147,7 +150,11 @@ def export(ckpt: Checkpoint, out_dir: str | os.PathLike, quantization: str | Non
     spec = build_spec(ckpt)
     spec.optimize(quantization=quantization)
     out_dir = Path(out_dir)
-    with atomic_folder(out_dir, replace) as tmp:
+    with atomic_folder(out_dir, replace) as tmp, tempfile.TemporaryDirectory() as scratch:
+        if ckpt.shortlist is not None:
+            mapping = Path(scratch) / "vmap.txt"
+            mapping.write_text(vocabulary_mapping(ckpt), encoding="utf-8")
+            spec.register_vocabulary_mapping(str(mapping))  # copied into the folder by save
         spec.save(str(tmp))
         if ckpt.target_tokenizer is None:
             (tmp / SPM_FILE).write_bytes(ckpt.tokenizer)
@@ -160,6 +167,24 @@ def export(ckpt: Checkpoint, out_dir: str | os.PathLike, quantization: str | Non
                       "source": source or {}, "model_config": ckpt.model_config.to_dict(), "langs": ckpt.langs}
         (tmp / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
     return out_dir
+
+
+def vocabulary_mapping(ckpt: Checkpoint, size: int = defaults.SHORTLIST_SIZE) -> str:
+    """The checkpoint's shortlist as CTranslate2's vocabulary mapping: a line `source piece<TAB>target pieces` per
+    source piece (the first `size` of its list, as nmt translate uses by default), and a line with an empty key for
+    the pieces always allowed (the frequent ones and language tags; CTranslate2 adds UNK, BOS and EOS itself)."""
+    from nmt_cli.data.shortlist import Shortlist
+
+    vocab = vocabulary(ckpt)
+    table = Shortlist.from_dict(ckpt.shortlist, len(vocab))
+    tok = ckpt.tokenizer_obj()
+    always = [int(i) for i in table.frequent] + [tok.piece_id(f">>{lang}<<") for lang in tok.languages]
+    lines = ["\t" + " ".join(vocab[i] for i in always)]
+    for s, row in enumerate(table.pieces[:, :size].tolist()):
+        listed = [vocab[t] for t in row if t >= 0]
+        if listed and s > EOS_ID:
+            lines.append(vocab[s] + "\t" + " ".join(listed))
+    return "\n".join(lines) + "\n"
 
 
 def usage(folder: str) -> str:

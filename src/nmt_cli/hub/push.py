@@ -69,7 +69,8 @@ def stage(ckpt: ckpt_io.Checkpoint, folder: Path, repo_id: str, card=None, ctran
             (tmp / "hf").rmdir()
         if ctranslate2:
             ct2_export.export(ckpt, tmp / CT2_FOLDER, quantization, card, source)
-        slim = ckpt_io.Checkpoint(ckpt.model_config, ckpt.model_state, ckpt.tokenizer, ckpt.langs, None, ckpt.meta)
+        slim = ckpt_io.Checkpoint(ckpt.model_config, ckpt.model_state, ckpt.tokenizer, ckpt.langs, None, ckpt.meta,
+                                  shortlist=ckpt.shortlist)
         ckpt_io.save(slim, tmp / DEFAULT_FILE)
         title = f"nmt {ckpt.langs.get('src', '?')}→{ckpt.langs.get('tgt', '?')}"
         library = "transformers" if huggingface else "nmt"

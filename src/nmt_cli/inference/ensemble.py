@@ -59,9 +59,10 @@ class Ensemble:
         return EnsembleCache([m.init_cache(x, src_pad_mask, static)
                               for m, x in zip(self.models, memory, strict=True)])
 
-    def step(self, tokens: Tensor, cache: EnsembleCache) -> Tensor:
-        """Mean next-token log-probabilities [R, V] over the members (each extends its own cache)."""
-        outs = [F.log_softmax(m.step(tokens, c).float(), dim=-1)
+    def step(self, tokens: Tensor, cache: EnsembleCache, candidates=None) -> Tensor:
+        """Mean next-token log-probabilities [R, V] over the members (each extends its own cache); over a
+        shortlist's columns [R, C] with `candidates` (each member's projection over them)."""
+        outs = [F.log_softmax(m.step(tokens, c, candidates).float(), dim=-1)
                 for m, c in zip(self.models, cache.caches, strict=True)]
         return torch.stack(outs).mean(0)
 

@@ -25,8 +25,10 @@ from nmt_cli import languages, segments
 from nmt_cli.checkpoints import averaging, marian, pretrained
 from nmt_cli.checkpoints import format as ckpt_io
 from nmt_cli.config import EOS_ID
+from nmt_cli.data import shortlist as shortlist_data
 from nmt_cli.data.tokenizer import Tokenizer, language_tag
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
+from nmt_cli.decoding.candidates import Shortlisting
 from nmt_cli.decoding.config import source_batch
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
 from nmt_cli.decoding.streams import decode_streams
@@ -65,6 +67,8 @@ class TranslateConfig:
     replace_unk: bool = False  # replace unknown target tokens by the aligned source word
     tgt_lang: str | None = None  # a multilingual model: the target language, as its `>>xx<<` tag at each line's start
     split_sentences: bool = False  # each line a paragraph: its sentences translated one by one (segments.py)
+    shortlist: bool = True  # on a CPU, the model's vocabulary shortlist where it has one (decoding/candidates.py)
+    shortlist_size: int | None = None  # target pieces per source piece (None: data/shortlist.py's SIZE)
 
     # `nmt translate`'s option names that differ from their SearchConfig field; every other option is named as its
     # SearchConfig or TranslateConfig field (so an option added to either is accepted here as it is).
@@ -89,7 +93,7 @@ class TranslateConfig:
                 self.max_tokens = int(self.max_tokens)
             except ValueError:
                 raise ConfigError(f"max-tokens must be a positive integer or 'auto', got {self.max_tokens!r}") from None
-        for name in ("buffer_size", "max_tokens", "max_sentences", "workers"):
+        for name in ("buffer_size", "max_tokens", "max_sentences", "workers", "shortlist_size"):
             value = getattr(self, name)
             if value is not None and value != "auto" and value < 1:
                 raise ConfigError(f"{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
@@ -267,6 +271,7 @@ class Translator:
 
             allocator.give_back()  # the float32 weights just replaced: their heap memory to the system, not kept
         self.model = models[0] if len(models) == 1 else Ensemble(models)
+        self.shortlist = self._shortlist(checkpoints)
         self.max_src_tokens = min(c.model_config.max_positions for c in checkpoints) - 1  # + EOS
         self.src_tokens = self.tgt_tokens = 0  # counted over all translate_ids calls (EOS included)
         # GPU: static caches, a host check every few steps, and the steps as CUDA graphs (decoding/graphs.py), kept
@@ -280,6 +285,19 @@ class Translator:
             self.generator.manual_seed(self.config.search.seed)
         else:
             self.generator.seed()
+
+    def _shortlist(self, checkpoints: list[ckpt_io.Checkpoint]) -> Shortlisting | None:
+        """How decoding uses the models' vocabulary shortlist: on a CPU, where every model has one and it is not
+        turned off; an ensemble's is the union of its members' lists. None: the whole vocabulary."""
+        cfg = self.config
+        if not cfg.shortlist or self.device.type != "cpu" or any(c.shortlist is None for c in checkpoints):
+            return None
+        size = cfg.shortlist_size or shortlist_data.SIZE
+        lists = [shortlist_data.Shortlist.from_dict(c.shortlist, c.model_config.vocab_size) for c in checkpoints]
+        pieces = torch.cat([s.pieces[:, :size] for s in lists], dim=1)
+        tags = [self.tokenizer.piece_id(f">>{lang}<<") for lang in self.tokenizer.languages]
+        always = torch.cat([torch.arange(4), torch.tensor(tags, dtype=torch.long)] + [s.frequent.long() for s in lists])
+        return Shortlisting(pieces, always, pieces.size(1))
 
     def _probe_max_tokens(self) -> None:
         """max_tokens "auto": on a GPU, SAFETY x the largest batch whose full-length search fits (probe.py), at
@@ -387,7 +405,7 @@ class Translator:
             per_batch = decode_streams(self.model, [source_batch([sources[i] for i in b], self.device) for b in batches],
                                        self.config.search, [[prefixes[i] for i in b] for b in batches] if prefixes else
                                        None, owner, JOIN_BELOW if self.config.join_batches else 0.0,
-                                       self.generator, **self.decode_options())
+                                       self.generator, shortlist=self.shortlist, **self.decode_options())
         for batch, found in zip(batches, per_batch, strict=True):
             for i, hyps in zip(batch, found, strict=True):
                 results[i] = hyps

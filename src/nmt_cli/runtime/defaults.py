@@ -16,3 +16,7 @@ MAX_TOKENS_PER_DEVICE = {"cpu": 2000, "cuda": 6000}
 def max_tokens_help() -> str:
     """How `--max-tokens`'s default reads in help: '2000 on CPU, 6000 on GPU'."""
     return f"{MAX_TOKENS_PER_DEVICE['cpu']} on CPU, {MAX_TOKENS_PER_DEVICE['cuda']} on GPU"
+
+# Target pieces taken per source piece from a vocabulary shortlist when translating on a CPU (data/shortlist.py;
+# docs/results.md, Shortlist: the smallest size whose BLEU stays within 0.2 of the whole vocabulary's).
+SHORTLIST_SIZE = 32

@@ -249,7 +249,7 @@ class Engine:
             feed.start()
             try:
                 decode_batches(self.translator.model, (), group.cfg, generator=group.generator, feed=feed,
-                               on_done=feed.done)
+                               on_done=feed.done, shortlist=self.translator.shortlist)
             except Exception as exc:  # a failure fails the requests being decoded, never the server
                 traceback.print_exc(file=sys.stderr)
                 feed.fail(f"{type(exc).__name__}: {exc}".splitlines()[0])

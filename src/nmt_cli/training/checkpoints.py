@@ -44,9 +44,10 @@ LAST, BEST, AVERAGED = "checkpoint_last.pt", "checkpoint_best.pt", "averaged.pt"
 class RunCheckpoints:
     """The checkpoints of the run in `out_dir`, written with the model's configuration and its tokenizer."""
 
-    def __init__(self, out_dir: Path, model_config, tokenizer, langs, keep_last: int):
+    def __init__(self, out_dir: Path, model_config, tokenizer, langs, keep_last: int, shortlist: dict | None = None):
         self.out_dir, self.model_config, self.tokenizer, self.langs = Path(out_dir), model_config, tokenizer, langs
         self.keep_last = keep_last
+        self.shortlist = shortlist  # the data's vocabulary shortlist (data/shortlist.py), in every checkpoint
 
     def save(self, module: torch.nn.Module, meta: dict, train_state: dict, periodic: bool) -> Path:
         """checkpoint_last.pt (weights and `train_state`) and, if `periodic`, checkpoint_<step>.pt (weights), keeping
@@ -71,7 +72,7 @@ class RunCheckpoints:
     def _checkpoint(self, weights: dict, meta: dict, train_state: dict | None = None) -> Checkpoint:
         tok = self.tokenizer
         return Checkpoint(self.model_config, weights, tok.model_bytes, self.langs, train_state, meta, tok.target_bytes,
-                          tok.vocab)
+                          tok.vocab, self.shortlist)
 
 
 class Periodic:

@@ -29,6 +29,7 @@ import torch
 from nmt_cli.checkpoints.atomic import remove_stale_tmp
 from nmt_cli.checkpoints.format import load
 from nmt_cli.config import PAD_ID
+from nmt_cli.data.shortlist import from_data_dir
 from nmt_cli.data.store import ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import TrainingError
 from nmt_cli.runtime import cpus
@@ -152,7 +153,11 @@ class Trainer:
         self.model = self._compiled(self.module) if cfg.compile else self.module
         if rt.distributed:  # DDP around the compiled model: see `data_parallel`
             self.model = data_parallel(self.model, rt)
-        self.checkpoints = RunCheckpoints(self.out_dir, plan.model_config, self.tokenizer, plan.langs, plan.keep_last)
+        # the data's vocabulary shortlist travels in every checkpoint (rank 0 writes them; learned if the data
+        # directory has none: data/shortlist.py)
+        shortlist = from_data_dir(cfg.data_dir, manifest).to_dict() if rt.is_main else None
+        self.checkpoints = RunCheckpoints(self.out_dir, plan.model_config, self.tokenizer, plan.langs, plan.keep_last,
+                                          shortlist)
         # what a killed save left behind (kill -9 during torch.save: NAME.XXXX.tmp files of up to a checkpoint each)
         self.stale_tmp = remove_stale_tmp(self.out_dir) if rt.is_main and self.out_dir.is_dir() else (0, 0)
 
