@@ -122,11 +122,11 @@ def start_server(checkpoint: str, threads: int, options: dict, queue: int, flags
     return proc, found[0]
 
 
-async def load(url: str, lines: list[str], clients: int, short: str | None = None
+async def load(url: str, lines: list[str], clients: int, short: str | None = None, source: str = "auto"
                ) -> tuple[float, list[float], list[str | None], int, list[float]]:
     """C clients over keep-alive connections, each sending the next unsent line until none is left; with `short`,
     one more client meanwhile sends that line again and again (its latencies apart: a short request beside the
-    load; not counted in the answers).
+    load; not counted in the answers). Each request is `{"q": line, "source": source, "target": TARGET}`.
 
     The load generator is a minimal HTTP/1.1 client on asyncio streams, not httpx: on this 2-core machine httpx
     costs ~4 ms of CPU a request (170-230 GET /health a second with 32 clients against ~3000 with this client),
@@ -141,7 +141,7 @@ async def load(url: str, lines: list[str], clients: int, short: str | None = Non
     next_line = 0
 
     async def ask(reader, writer, text: str) -> tuple[int, dict, float]:
-        body = json.dumps({"q": text, "source": "auto", "target": TARGET}).encode()
+        body = json.dumps({"q": text, "source": source, "target": TARGET}).encode()
         t0 = time.perf_counter()
         writer.write(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
