@@ -32,7 +32,8 @@ What this script does, nothing of it downloaded:
    penalty 0.2 in CTranslate2's form, length^0.2: `--lenpen 0.2 --lenpen-form fairseq`), then LibreTranslate's
    own post-processing (`improve_translation_formatting`, imported in its venv, not copied) applied to that: a
    line whose LibreTranslate answer this reproduces differs by the length penalty, the post-processing, or
-   both.
+   both; one that is longer and starts with nmt's, by the length cap (CTranslate2's 256 tokens against nmt's
+   source + 50).
 
 OFFLINE: at start LibreTranslate 1.9.6 fetches argostranslate's package index (and then MiniSBD's sentence
 models from GitHub) when fewer than two Argos packages are installed, and argostranslate's spaCy mode fetches
@@ -48,10 +49,10 @@ SHARED MACHINES: CTranslate2's pip wheel runs its threads on GNU OpenMP, whose t
 for each other. When other work takes a core, LibreTranslate's two CTranslate2 threads spin against it: on
 this project's 2-core machine, with other work taking about 1.3 cores, LibreTranslate as shipped fell from
 97 to about 3 sentences/s with 1 client (232 CPU ms a sentence instead of 20), and to 22 with
-OMP_WAIT_POLICY=PASSIVE under the same load. nmt serve's engine processes run one thread each, which never
-wait for another. The `others` column says how much of the machine other work took during each run;
-`--lt-omp-passive` starts LibreTranslate with OMP_WAIT_POLICY=PASSIVE (not its default: say so beside the
-figures), for a shared machine."""
+OMP_WAIT_POLICY=PASSIVE under the same load (runs of 150-300 lines). nmt serve's engine processes run one
+thread each, which never wait for another. The `others` column says how much of the machine other work took
+during each run; `--lt-omp-passive` starts LibreTranslate with OMP_WAIT_POLICY=PASSIVE (not its default: say
+so beside the figures), for a shared machine."""
 
 from __future__ import annotations
 
@@ -108,8 +109,9 @@ def export_and_package(checkpoint: str, work: Path, lt_python: Path) -> tuple[Pa
         "to_name": LANGUAGE_NAMES.get(tgt, tgt), "links": [],
     }, indent=1) + "\n")
     source = info["source"]
-    (pkg / "README.md").write_text(f"{src}-{tgt}: {source.get('path')} (sha256 {source['sha256']}), exported "
-                                   "by `nmt export ctranslate2`, packaged by bench/serve_vs_libretranslate.py\n")
+    (pkg / "README.md").write_text(f"{src}-{tgt}: {source.get('path')} (sha256 {source['sha256']}), "
+                                   "exported by `nmt export ctranslate2`, packaged by "
+                                   "bench/serve_vs_libretranslate.py\n")
     # a blank multilingual spaCy pipeline: argostranslate's SpacySentencizerSmall loads it and adds spaCy's
     # rule-based sentencizer (no trained model, nothing to download)
     run([str(lt_python), "-c", "import spacy, sys; spacy.blank('xx').to_disk(sys.argv[1])",
@@ -222,12 +224,14 @@ def explain(lines: list[str], lt: list[str | None], ours: list[str | None], chec
     out = json.loads(run([str(lt_python), "-c", helper], env=env,
                          input=json.dumps({"src": lines, "hyp": argos_search})))
     causes: dict[str, list[int]] = {"length penalty": [], "post-processing": [],
-                                    "length penalty and post-processing": [], "other": []}
+                                    "length penalty and post-processing": [], "length cap": [], "other": []}
     for i, (a, b) in enumerate(zip(lt, ours, strict=True)):
         if a is None or b is None or a == b:
             continue
         if out["post"][i] != a:
-            causes["other"].append(i)
+            # CTranslate2 stops at 256 tokens, nmt at the source's length + 50: a looping output runs longer
+            longer = len(a) > len(argos_search[i]) and a.startswith(argos_search[i].rstrip(".!?,;"))
+            causes["length cap" if longer else "other"].append(i)
         elif argos_search[i] == b:
             causes["post-processing"].append(i)
         elif out["post"][i] == argos_search[i]:
@@ -237,9 +241,14 @@ def explain(lines: list[str], lt: list[str | None], ours: list[str | None], chec
     examples = {k: [{"line": i + 1, "src": lines[i], "libretranslate": lt[i], "nmt": ours[i],
                      "nmt_with_argos_search": argos_search[i], "then_lt_post_processing": out["post"][i],
                      "lt_spacy_sentences": out["sentences"][i]} for i in v] for k, v in causes.items()}
+    post = causes["post-processing"]
+    lowered = sum(1 for i in post if lt[i] == ours[i].lower())
     return {"differ": sum(len(v) for v in causes.values()), "causes": {k: len(v) for k, v in causes.items()},
+            "post_processing_kinds": {"lowercased (a lower-case source)": lowered,
+                                      "final punctuation made the source's": len(post) - lowered},
             "lt_split_lines": sum(1 for n in out["sentences"] if n > 1),
-            "nmt_offline_argos_search_equal_lt": sum(1 for x, y in zip(argos_search, lt, strict=True) if x == y),
+            "nmt_offline_argos_search_equal_lt": sum(1 for x, y in zip(argos_search, lt, strict=True)
+                                                     if x == y),
             "lines": examples}
 
 
@@ -330,12 +339,13 @@ def main() -> None:
     print(f"answers ({first} client): {len(lines) - why['differ']}/{len(lines)} equal; {why['differ']} "
           "differ: " + ", ".join(f"{k} {n}" for k, n in why["causes"].items())
           + f" (LibreTranslate's sentencizer split {why['lt_split_lines']} lines; nmt offline with Argos's "
-            f"search equals LibreTranslate on {why['nmt_offline_argos_search_equal_lt']})")
+            f"search equals LibreTranslate on {why['nmt_offline_argos_search_equal_lt']}); post-processing: "
+          + ", ".join(f"{k} {n}" for k, n in why["post_processing_kinds"].items()))
     for cause, examples in why["lines"].items():
         for e in examples[:3]:
             print(f"  {cause}: line {e['line']}: {e['src']!r}\n    LT:  {e['libretranslate']!r}\n"
                   f"    nmt: {e['nmt']!r}" + (f"\n    nmt with Argos's search: {e['nmt_with_argos_search']!r}"
-                                             if cause == "other" else ""))
+                                             if cause in ("other", "length cap") else ""))
     at = {(r["server"], r["clients"]): r for r in rows}
     if 32 in a.clients:
         x = at[("nmt serve", 32)]["sentences_per_s"] / at[("libretranslate", 32)]["sentences_per_s"]
