@@ -16,8 +16,8 @@ SCRIPTS = sorted(p for p in [*(ROOT / "bench").glob("*.py"), *(ROOT / "bench" / 
 
 def test_bench_holds_what_users_rerun():
     names = {p.name for p in (ROOT / "bench").iterdir() if p.is_file()}
-    users = {"translate.py", "train.py", "prepare.py", "serve.py", "faults.py", "multi30k.sh",
-             "multilingual.sh"}
+    users = {"translate.py", "train.py", "prepare.py", "serve.py", "serve_vs_libretranslate.py", "faults.py",
+             "multi30k.sh", "multilingual.sh"}
     assert users <= names
     helpers = {"fairseq_gen.py", "hf_marian.py", "wmt_synth.py"}  # the other engines' runners, prepare.py's data
     assert names - helpers == users
