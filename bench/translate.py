@@ -18,7 +18,11 @@ Sections:
           search settings) checks the beam search itself. With
           --hf-site / --fairseq-python also Hugging Face generate (bench/hf_marian.py) and fairseq's
           SequenceGenerator (bench/fairseq_gen.py) on the same weights (--anchor-sections picks the sections).
-  base    the paper's base model (random weights, 32k BPE vocabulary) on newstest2014 en (3003 lines), beam 4.
+  base    the paper's base model (random weights, 32k BPE vocabulary) on newstest2014 en (3003 lines), beam 4;
+          its vocabulary shortlist learned from 200,000 pairs of bench/wmt_synth.py's WMT-sized synthetic corpus.
+
+Shortlists: a checkpoint with one is decoded over its candidates (nmt's default on a CPU); '-nosl' configurations
+score the whole vocabulary, and CTranslate2's '-vmap' ones use the same candidates through the export's vmap.txt.
   big     the paper's big shape (1024/4096, 16 heads; random weights, 32k vocabulary), as base (GPU).
   stream  peak memory and time to the first output line of `nmt translate` on a generated N-line input.
   latency one sentence a call (where a person waits: the web page, an editor plug-in), the small model on the first
@@ -113,6 +117,37 @@ def make_random_checkpoint(path: Path, corpus: list[Path], vocab_size: int, **co
     return path
 
 
+def with_synthetic_shortlist(path: Path, pairs: int = 200_000) -> Path:
+    """A copy of a random-weight checkpoint with a vocabulary shortlist learned from `pairs` pairs of the WMT-sized
+    synthetic corpus (bench/wmt_synth.py: Europarl and TED pairs, numbers and names varied), as `nmt prepare` learns
+    one from its train split (cached beside it). Speed only: random weights make any shortlist as good as another."""
+    out = path.with_name(path.stem + ".shortlist.pt")
+    if out.exists() and out.stat().st_mtime >= path.stat().st_mtime:
+        return out
+    import random
+
+    import numpy as np
+
+    from nmt_cli.checkpoints import format as checkpoint
+    from nmt_cli.data import shortlist
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import wmt_synth
+
+    ckpt = checkpoint.load(path)
+    rng = random.Random(1)
+    base = wmt_synth.pool(DATA)
+    name_pool = wmt_synth.names(50_000, rng)
+    text = [wmt_synth.vary(*base[i % len(base)], rng, name_pool) for i in range(pairs)]
+    tok = ckpt.tokenizer_obj()
+    src, tgt = tok.encode([p[0] for p in text]), tok.encode([p[1] for p in text], side="target")
+    ids = [(np.asarray(s, dtype=np.int64), np.asarray(t, dtype=np.int64)) for s, t in zip(src, tgt, strict=True)]
+    ckpt.shortlist = shortlist.learn(ids, ckpt.model_config.vocab_size).to_dict()
+    ckpt.meta["note"] = f"random weights, a shortlist from {pairs} synthetic WMT-like pairs (bench/translate.py)"
+    checkpoint.save(ckpt, out)
+    return out
+
+
 def small_random_checkpoint() -> Path:
     """The small sections' model when no trained one is given: Multi30k's shape (d_model 256, 3+3 layers, 8k BPE)."""
     return make_random_checkpoint(WORK / "small_random.pt", [MULTI30K / "train.en", MULTI30K / "train.de"], 8000,
@@ -154,14 +189,15 @@ def job_nmt(a: dict) -> dict:
     torch.set_num_threads(a["threads"])
     lines = read_lines(Path(a["input"]), a.get("n"))
     # "fp32-top": --stop top; "fp32-fairseq": --lenpen-form fairseq; "int8-nojoin": batches one after the other;
-    # "fp32-w1", "fp32-w2": --workers 1 or 2
+    # "fp32-w1", "fp32-w2": --workers 1 or 2; "fp32-nosl": --no-shortlist; "fp32-sl16": --shortlist-size 16
     precision, *flags = a["precision"].split("-")
     workers = next((int(f[1:]) for f in flags if f[:1] == "w" and f[1:].isdigit()), None)
+    size = next((int(f[2:]) for f in flags if f[:2] == "sl" and f[2:].isdigit()), None)
     search = SearchConfig(beam=a["beam"], alpha=a["alpha"], max_len_a=a["max_len_a"], max_len_b=a["max_len_b"],
                           stop="top" if "top" in flags else "beam", lp="fairseq" if "fairseq" in flags else "gnmt")
     config = TranslateConfig(search=search, max_tokens=a["max_tokens"], buffer_size=len(lines),
                              join_batches="nojoin" not in flags, workers=workers,
-                             cuda_graphs="graph" in flags)
+                             cuda_graphs="graph" in flags, shortlist="nosl" not in flags, shortlist_size=size)
     device = a.get("device", "cpu")
     tr = Translator(load_checkpoints([a["checkpoint"]]), device, precision, config)
     tr.translate(lines[:32] if device == "cpu" else lines[:600])  # warm-up (GPU: kernels for many shapes)
@@ -221,13 +257,17 @@ def job_ct2(a: dict) -> dict:
     sp = sentencepiece.SentencePieceProcessor(model_file=str(model_dir / "sentencepiece.model"))
     lines = read_lines(Path(a["input"]), a.get("n"))
     device = a.get("device", "cpu")
-    compute_type, *flags = a["compute_type"].split("-")  # "float32-streams": inter_threads 2, as nmt's 2 streams
+    # "float32-streams": inter_threads 2, as nmt's 2 streams; "int8-vmap": use_vmap (the export's vmap.txt: the
+    # checkpoint's shortlist)
+    compute_type, *flags = a["compute_type"].split("-")
     inter = min(2, a["threads"]) if "streams" in flags and device == "cpu" else 1
     tr = ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,
                                 intra_threads=max(1, a["threads"] // inter) if device == "cpu" else 1,
                                 inter_threads=inter)
     kwargs = dict(beam_size=a["beam"], length_penalty=a["alpha"], max_decoding_length=a["max_decoding_length"],
-                  max_batch_size=a["max_tokens"], batch_type="tokens")
+                  max_batch_size=a["max_tokens"], batch_type="tokens", use_vmap="vmap" in flags)
+    if "vmap" in flags and not (model_dir / "vmap.txt").exists():
+        raise SystemExit("no vmap.txt in the export: the checkpoint has no shortlist")
     warm = lines[:32] if device == "cpu" else lines[:600]
     tr.translate_batch([sp.encode(line, out_type=str) for line in warm], **kwargs)
     # text to text, as nmt's time is: sentencepiece's encoding and decoding inside the timer (~80 ms of one core
@@ -482,11 +522,13 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
                 r = run_job("ct2", compute_type=prec, output=str(outputs[engine, prec]), ct2_site=args.ct2_site,
                             ct2_dir=str(WORK / f"ct2_{name}"), max_decoding_length=ct2_len, **common)
             results[engine, prec].append(r)
+    speeds = {c: (best(runs)["sentences"] / best(runs)["seconds"], best(runs)["sentences"] / best(runs)["median_s"])
+              for c, runs in results.items() if "error" not in best(runs)}
     for (engine, prec), runs in results.items():
         label = {"nmt": "nmt " + prec.replace("-top", " --stop top").replace("-fairseq", " --lenpen-form fairseq")
                  .replace("-nojoin", " (no joining)").replace("-w1", " --workers 1").replace("-w2", " --workers 2")
-                 .replace("-graph", " --cuda-graphs"),
-                 "ct2": f"CTranslate2 {prec}".replace("-streams", " inter_threads 2"),
+                 .replace("-graph", " --cuda-graphs").replace("-nosl", " --no-shortlist").replace("-sl", " --shortlist-size "),
+                 "ct2": f"CTranslate2 {prec}".replace("-streams", " inter_threads 2").replace("-vmap", " use_vmap"),
                  "hf": "Hugging Face generate fp32",
                  "fairseq": "fairseq SequenceGenerator fp32"}[engine]
         print(row(label, best(runs)))
@@ -494,6 +536,11 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
         prec = args.nmt.split(",")[0]
         run_job("nmt", show_stderr=True, precision=prec, output=str(WORK / "profile.out"), profile=True,
                 **common, **lengths)
+    for (e1, p1), (b1, m1) in speeds.items():  # nmt against CTranslate2 of the same precision, sentences/s
+        for (e2, p2), (b2, m2) in speeds.items():
+            if e1 == "nmt" and e2 == "ct2" and p1.startswith("fp32") == p2.startswith("float32") \
+                    and p1.startswith("int8") == p2.startswith("int8"):
+                print(f"  speed nmt {p1} / CTranslate2 {p2}: {b1 / b2:.2f}x (best runs), {m1 / m2:.2f}x (medians)")
     have = {c for c, runs in results.items() if any("error" not in r for r in runs)}
     pairs = [(("nmt", "fp32"), ("ct2", "float32")), (("nmt", "fp32-top"), ("ct2", "float32")),
              (("nmt", "fp32-fairseq"), ("ct2", "float32")),
@@ -506,7 +553,9 @@ def compare(name: str, ckpt: Path, src: Path, ref: Path | None, args, trained: b
              (("nmt", "fp32"), ("ct2", "float32-streams")), (("nmt", "int8"), ("ct2", "int8-streams")), (("nmt", "int8-top"), ("nmt", "int8-top-nojoin")),
              (("nmt", "fp32"), ("hf", "fp32")), (("nmt", "fp32"), ("fairseq", "fp32")),
              (("nmt", "fp16"), ("nmt", "fp16-graph")), (("nmt", "fp32"), ("nmt", "fp32-graph")),
-             (("nmt", "fp16-graph"), ("ct2", "float16")), (("nmt", "fp32-graph"), ("ct2", "float32"))]
+             (("nmt", "fp16-graph"), ("ct2", "float16")), (("nmt", "fp32-graph"), ("ct2", "float32")),
+             (("nmt", "fp32"), ("nmt", "fp32-nosl")), (("nmt", "int8"), ("nmt", "int8-nosl")),
+             (("nmt", "fp32"), ("ct2", "float32-vmap")), (("nmt", "int8"), ("ct2", "int8-vmap"))]
     for p, q in pairs:
         if p in have and q in have:
             print(f"  identical lines {p[0]} {p[1]} vs {q[0]} {q[1]}: {100 * agreement(outputs[p], outputs[q]):.1f}%")
@@ -545,7 +594,8 @@ def main() -> None:
                         "with --alpha 0), '-nojoin' runs the batches one after the other (no continuous batching), '-w1' decodes "
                         "as one stream and '-w2' as two (--workers 1 or 2; the default: 1), "
                         "'-graph' decodes with CUDA graphs "
-                        "(--cuda-graphs; GPU).")
+                        "(--cuda-graphs; GPU), '-nosl' scores the whole vocabulary (--no-shortlist), '-sl16' takes 16 "
+                        "pieces per source piece (--shortlist-size 16).")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--alpha", type=float, default=0.6,
                    help="Length penalty of every engine. 0 (none) lets CTranslate2 stop a sentence once its best "
@@ -555,7 +605,9 @@ def main() -> None:
                         "float16,int8_float16).")
     p.add_argument("--ct2", default=None, help="CTranslate2 compute types [cpu: float32,int8; cuda: "
                                                "float32,float16,int8_float16]; '-streams' (cpu) runs 2 "
-                                               "translators of threads/2 threads each (inter_threads 2).")
+                                               "translators of threads/2 threads each (inter_threads 2); '-vmap' "
+                                               "translates with use_vmap (the export's vmap.txt: the checkpoint's "
+                                               "shortlist).")
     p.add_argument("--profile", action="store_true",
                    help="cuda: also profile nmt's first --nmt configuration (GPU busy share, top ops).")
     p.add_argument("--max-len", type=int, default=None,
@@ -594,7 +646,8 @@ def main() -> None:
     if "base" in sections:
         corpus = [DATA / "europarl_v7_ende_20k" / f"train.{lang}" for lang in ("en", "de")]
         corpus = [c for c in corpus if c.exists()] or [NEWSTEST / "valid.en", NEWSTEST / "valid.de"]
-        ckpt = args.base_checkpoint or make_random_checkpoint(WORK / "base_random.pt", corpus, 32000)
+        ckpt = args.base_checkpoint or with_synthetic_shortlist(make_random_checkpoint(WORK / "base_random.pt", corpus,
+                                                                                       32000))
         compare("base", ckpt, NEWSTEST / "test.en", NEWSTEST / "test.de", args, args.base_checkpoint is not None, 32)
     if "big" in sections:  # the paper's big shape (1024/4096, 16 heads), random weights
         corpus = [DATA / "europarl_v7_ende_20k" / f"train.{lang}" for lang in ("en", "de")]

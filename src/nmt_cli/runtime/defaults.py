@@ -19,4 +19,4 @@ def max_tokens_help() -> str:
 
 # Target pieces taken per source piece from a vocabulary shortlist when translating on a CPU (data/shortlist.py;
 # docs/results.md, Shortlist: the smallest size whose BLEU stays within 0.2 of the whole vocabulary's).
-SHORTLIST_SIZE = 32
+SHORTLIST_SIZE = 8
