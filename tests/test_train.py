@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -40,7 +39,7 @@ from nmt_cli.training.config import (
 )
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
-from nmt_cli.training.plan import plan_run
+from nmt_cli.training.plan import plan_run, write_run_config
 from nmt_cli.training.reader import Update
 from nmt_cli.training.runtime import FP16_INIT_SCALE, Launch, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
@@ -470,14 +469,45 @@ def test_an_unwritable_run_directory_is_refused_before_training(toy_data_dir, tm
     assert not (tmp_path / "ro" / "run").exists()
 
 
+class UpdateClock:
+    """A clock that moves only when the trainer updates: `seconds` per update (the run's time, --max-time and the
+    saves by minutes follow it, not the machine's speed)."""
+
+    def __init__(self, seconds: float):
+        self.now, self.seconds = 1000.0, seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+    def train(self, cfg: TrainConfig):
+        plan = plan_run(cfg)
+        write_run_config(plan)
+        trainer = Trainer(plan, Runtime(Launch("cpu", 1, None, False, "fp32")), clock=self)
+        update = trainer.update
+
+        def timed(u):
+            self.now += self.seconds
+            return update(u)
+
+        trainer.update = timed
+        return trainer.fit()
+
+
 def test_max_time_stops_and_time_based_checkpoints_average(toy_data_dir, tmp_path):
+    """Each update takes 0.5 s of the run's clock: --max-time 0.25 (15 s) stops at the first update past it (31),
+    --save-every-minutes 0.05 (3 s) saves the state at the updates where 3 s have passed since the last save (the
+    flag raised before update n, agreed with it), and the last 3 of those are averaged."""
     run = tmp_path / "run"
-    result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3,
-                             save_every_minutes=0.05 / 20))
+    clock = UpdateClock(0.5)
+    result = clock.train(small_cfg(toy_data_dir, run, max_time=0.25, max_steps=100000, average_last=3, keep_last=3,
+                                   save_every_minutes=0.05))
     assert result.stopped_by == "max_time"
-    assert result.elapsed >= 0.05 * 60  # (stopped by the limit, at the first update past it)
-    assert len(periodic_checkpoints(run)) == 3  # saved every 0.05/20 min, pruned to --keep-last
+    assert result.step == 31 and result.elapsed == 15.5  # 15 s reached after update 30: update 31 ran, then stop
+    steps = [int(p.stem.split("_")[1]) for p in periodic_checkpoints(run)]
+    assert steps == [21, 28, 31], steps  # 3 s after a save the flag rides on the 7th update; the last: the stop's
     assert load(run / "averaged.pt").meta["averaged_from"] == [str(p) for p in periodic_checkpoints(run)]
+    saves = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in saves if e["kind"] == "save"] == [7, 14, 21, 28, 31]
 
 
 def test_max_epochs_and_patience(toy_data_dir, tmp_path):
@@ -1023,34 +1053,41 @@ def test_tiny_model_learns_the_sample_corpus_in_seconds(sample_data_dir, tmp_pat
     assert result.valid["valid_ppl"] < 0.1 * 400  # far below uniform over the vocabulary
 
 
-@pytest.mark.skipif(not Path("/proc/stat").exists() or cpus.core_count() < 2, reason="Linux, 2+ cores")
 def test_a_run_started_idle_drops_a_thread_when_a_neighbour_arrives(toy_data_dir, tmp_path, monkeypatch):
     """Automatic threads are counted again during the run (cpus.Watch): a run that chose 2 threads on an idle
-    machine goes down to 1 once a busy neighbour takes a core, and says so in metrics.jsonl."""
-    monkeypatch.setattr(cpus, "RECHECK_S", 0.3)
+    machine goes down to 1 once a busy neighbour takes a core, and says so in metrics.jsonl. The machine is counters
+    the test advances (a second of its time per look; the neighbour arrives at the third), not the real one."""
     monkeypatch.setattr(cpus, "default_threads", lambda procs=1: cpus.ThreadChoice(2, "2 cores, 0 busy: 2 threads"))
-    real_poll = cpus.Watch.poll
+    ticks = {"busy": 0.0, "total": 0.0, "looks": 0}
 
-    def poll(self, current):  # the run goes on until a look changes the count (however fast the machine), then stops
+    def snapshot(_cpus):  # each look: one more second of a 2-core machine, a neighbour busy on a core from the 3rd
+        ticks["looks"] += 1
+        ticks["busy"] += 100.0 if ticks["looks"] >= 3 else 0.0
+        ticks["total"] += 200.0
+        return ticks["busy"], ticks["total"], 0.0
+
+    real_watch, real_poll = cpus.Watch, cpus.Watch.poll
+    monkeypatch.setattr(cpus, "Watch", lambda: real_watch(every_s=0.0, snapshot=snapshot, clock=lambda: 0.0,
+                                                          cpus={0, 1}))
+
+    def poll(self, current):  # the run stops once a look changes the count
         choice = real_poll(self, current)
         if choice is not None:
             os.kill(os.getpid(), signal.SIGTERM)
         return choice
 
-    monkeypatch.setattr(cpus.Watch, "poll", poll)
+    monkeypatch.setattr(real_watch, "poll", poll)
     before = torch.get_num_threads()
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     guard = threading.Timer(120, os.kill, (os.getpid(), signal.SIGTERM))  # (ends a run that never sees the neighbour)
     guard.start()
     try:
         result = train(small_cfg(toy_data_dir, tmp_path / "run", threads=None, max_steps=10**6))
     finally:
         guard.cancel()
-        spinner.kill()
-        spinner.wait()
         torch.set_num_threads(before)
     assert result.stopped_by == "signal"
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [e for e in events if e["kind"] == "start"][0]["threads"] == 2
     changes = [e for e in events if e["kind"] == "threads"]
     assert changes and changes[0]["threads"] == 1 and "busy" in changes[0]["reason"], changes
+    assert changes[0]["step"] == 2  # the looks after updates 1 (idle) and 2 (the neighbour's first second)

@@ -80,9 +80,10 @@ class Periodic:
     (runtime.Votes), so that every rank acts at the same update; the flag is raised once until acted on (a second
     one, raised while the first was in flight, would save twice in a row)."""
 
-    def __init__(self, every: int, minutes: float | None, start: float):
-        self.every, self.minutes = every, minutes
-        self.last = start  # time.monotonic() of the last save (or of the start)
+    def __init__(self, every: int, minutes: float | None, start: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self.every, self.minutes, self.clock = every, minutes, clock
+        self.last = start  # clock() of the last save (or of the start)
         self.done_at = -1  # the update last acted on in this process
         self.raised = False  # the time flag is on its way to the other ranks
 
@@ -98,7 +99,7 @@ class Periodic:
         return time_agreed or step % self.every == 0
 
     def done(self, step: int) -> None:
-        self.done_at, self.last, self.raised = step, time.monotonic(), False
+        self.done_at, self.last, self.raised = step, self.clock(), False
 
 
 # ---- the training state in checkpoint_last.pt ---------------------------------------------------------------

@@ -107,8 +107,10 @@ class Trainer:
     """One training process: the model, its optimizer and `fit`, over a data reader (reader.py), a validation
     (validate.py) and the run's checkpoints (checkpoints.py)."""
 
-    def __init__(self, plan: RunPlan, rt: Runtime, progress: Progress | None = None):
+    def __init__(self, plan: RunPlan, rt: Runtime, progress: Progress | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.plan, self.cfg, self.rt = plan, plan.cfg, rt
+        self.clock = clock  # seconds, for the run's time, --max-time and the saves by minutes (tests give their own)
         self.progress = progress if rt.is_main else None
         self.out_dir = plan.out_dir
         cfg, device = self.cfg, rt.device
@@ -133,7 +135,7 @@ class Trainer:
         # what validating and saving cost, over all resumes (the end of the run reports their share of `elapsed`)
         self.validations, self.valid_seconds, self.saves, self.save_seconds = 0, 0.0, 0, 0.0
         self.metrics: MetricsLog | None = None  # rank 0's log, while fit() runs
-        self.session_start: float | None = None  # time.monotonic() when fit() started, and `elapsed` then
+        self.session_start: float | None = None  # self.clock() when fit() started, and `elapsed` then
         self.elapsed_before = 0.0
         self.best = Best("valid_bleu" if cfg.valid_bleu else "valid_nll")  # what "best" means, and patience
         self.probed: int | None = None  # --max-tokens auto: the micro-batch the probe found (probe.py)
@@ -272,18 +274,18 @@ class Trainer:
         return out
 
     def _validate_and_track(self, metrics: MetricsLog) -> dict | None:
-        start = time.monotonic()
+        start = self.clock()
         valid = self.validate()
         if valid is None:
             return None
-        seconds = time.monotonic() - start
+        seconds = self.clock() - start
         self.validations += 1
         self.valid_seconds += seconds
         improved = self.best.improved(valid, self.step)
         if improved and self.rt.is_main:
-            start = time.monotonic()
+            start = self.clock()
             self.checkpoints.save_best(self.module, self._meta(valid))
-            self.save_seconds += time.monotonic() - start
+            self.save_seconds += self.clock() - start
         record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **valid,
                   f"best_{self.best.criterion}": self.best.value, "improved": improved,
                   "criterion": self.best.criterion, "seconds": round(seconds, 3)}
@@ -297,12 +299,12 @@ class Trainer:
         """checkpoint_last.pt (full state) and, if `periodic`, checkpoint_<step>.pt (weights). Collective. Rank 0
         counts and times it (metrics.jsonl's `save` records; the training state it writes counts it, without its
         seconds, not known yet)."""
-        start = time.monotonic()
+        start = self.clock()
         rngs = self.rt.gather_objects(rng_state(self.rt.device))
         if self.rt.is_main:
             self.saves += 1
             path = self.checkpoints.save(self.module, self._meta(valid), train_state(self, rngs), periodic)
-            seconds = time.monotonic() - start
+            seconds = self.clock() - start
             self.save_seconds += seconds
             record = {"kind": "save", "step": self.step, "periodic": periodic, "seconds": round(seconds, 3)}
             if self.metrics is not None:
@@ -316,9 +318,9 @@ class Trainer:
         n = self.plan.average_last
         if not n or not self.rt.is_main:
             return None
-        start = time.monotonic()
+        start = self.clock()
         path, used = self.checkpoints.average(n, lambda message: self._emit({"kind": "note", "message": message}))
-        self.save_seconds += time.monotonic() - start
+        self.save_seconds += self.clock() - start
         self._emit({"kind": "averaged", "path": str(path), "n": used, "wanted": n})
         return str(path)
 
@@ -361,15 +363,15 @@ class Trainer:
         last_window = window
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
         shown: dict = {}  # the last loss figures read (for the live display between log lines)
-        session_start = self.session_start = time.monotonic()
-        saves = Periodic(plan.save_every, plan.save_minutes, session_start)  # (checkpoints.py)
-        valids = Periodic(plan.valid_every, plan.valid_minutes, session_start)
+        session_start = self.session_start = self.clock()
+        saves = Periodic(plan.save_every, plan.save_minutes, session_start, self.clock)  # (checkpoints.py)
+        valids = Periodic(plan.valid_every, plan.valid_minutes, session_start, self.clock)
         elapsed_before = self.elapsed_before = self.elapsed
         watch = cpus.Watch() if plan.recheck_threads and rt.device.type == "cpu" else None
         votes = Votes(rt)  # stop, save and validate, agreed by every rank (a step late where there are several)
         with StopSignals() as signals:
             while self.step < plan.max_steps:
-                t0 = time.monotonic()
+                t0 = self.clock()
                 self.elapsed = elapsed_before + t0 - session_start
                 out_of_time = bool(cfg.max_time) and self.elapsed >= cfg.max_time * 60
                 time_to_save, time_to_validate = saves.time_is_up(t0), valids.time_is_up(t0)
@@ -387,8 +389,8 @@ class Trainer:
                 else:
                     self.step += 1
                     pending.append((self.step, stats.losses))
-                    window.add(stats.tgt_tokens, stats.src_tokens, time.monotonic() - t0)
-                self.elapsed = elapsed_before + time.monotonic() - session_start
+                    window.add(stats.tgt_tokens, stats.src_tokens, self.clock() - t0)
+                self.elapsed = elapsed_before + self.clock() - session_start
                 if self.step % cfg.log_every == 0 or stop:
                     window.add_losses(*self._read_losses(pending))
                     shown = window.summary()
@@ -443,7 +445,7 @@ class Trainer:
                 averaged: str | None, history: list, digests: list | None) -> TrainResult:
         best = self.out_dir / BEST
         if self.session_start is not None:  # (the end's validation, save and averaging count in the run's time)
-            self.elapsed = self.elapsed_before + time.monotonic() - self.session_start
+            self.elapsed = self.elapsed_before + self.clock() - self.session_start
         result = TrainResult(
             out_dir=str(self.out_dir), step=self.step, epoch=self.epoch, elapsed=self.elapsed, stopped_by=stopped_by,
             last=str(self.out_dir / LAST), best=str(best) if best.exists() else None, averaged=averaged, valid=valid,
