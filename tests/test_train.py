@@ -1091,3 +1091,21 @@ def test_a_run_started_idle_drops_a_thread_when_a_neighbour_arrives(toy_data_dir
     changes = [e for e in events if e["kind"] == "threads"]
     assert changes and changes[0]["threads"] == 1 and "busy" in changes[0]["reason"], changes
     assert changes[0]["step"] == 2  # the looks after updates 1 (idle) and 2 (the neighbour's first second)
+
+
+def test_the_train_state_is_a_state_dict_of_its_own():
+    """state.TrainState: what checkpoint_last.pt holds besides the optimizer, as plain data that round-trips; an
+    older nmt's per-rank data position is scaled to the global one."""
+    from nmt_cli.training.state import Best, TrainState
+
+    state = TrainState(Best("valid_bleu", 31.5, 400, 2), step=420, epoch=3, pos=17, elapsed=12.5, overflows=1,
+                       validations=2, valid_seconds=3.0, saves=4, save_seconds=0.5, probed_max_tokens=9000,
+                       world_size=2)
+    saved = state.state_dict()
+    assert saved["pos_global"] is True and saved["best"] == 31.5 and saved["bad_valids"] == 2
+    again = TrainState(Best("valid_bleu"))
+    again.load_state_dict(saved)
+    assert again == state
+    older = TrainState()
+    older.load_state_dict({**saved, "pos_global": False})
+    assert older.pos == 34  # 17 batches on each of 2 ranks

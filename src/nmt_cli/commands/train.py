@@ -249,9 +249,6 @@ def _fmt_valid(e: dict) -> str:
 
 
 
-TRAIN_LOG = "train.log"
-
-
 class Display:
     """Renders training events: a rich live panel on a terminal, plain lines (every --log-every updates or 30 s)
     otherwise. Everything goes to stderr, and from the run's start on also to RUN_DIR/train.log (each line with
@@ -311,6 +308,8 @@ class Display:
             self.line(_fmt_overhead(e))
 
     def _start(self, e: dict) -> None:
+        from nmt_cli.training.files import TRAIN_LOG
+
         self.log_path = Path(e["out_dir"]) / TRAIN_LOG
         where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
         if e.get("stale_tmp_removed"):

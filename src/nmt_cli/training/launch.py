@@ -12,8 +12,8 @@ import threading
 
 from nmt_cli.errors import NmtError, TrainingError
 from nmt_cli.runtime import cpus
-from nmt_cli.training.checkpoints import AVERAGED, LAST
 from nmt_cli.training.config import TrainConfig
+from nmt_cli.training.files import AVERAGED, LAST
 from nmt_cli.training.loop import Progress, Trainer, TrainResult
 from nmt_cli.training.plan import RunPlan, agree_on_resume, plan_run, write_run_config
 from nmt_cli.training.runtime import plan_launch, setup_process, shutdown_process, torchrun_env

@@ -23,7 +23,6 @@ from nmt_cli.data.store import SPM_MODEL, ParallelData, check_vocab_size, load_m
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.training import recipe_file
-from nmt_cli.training.checkpoints import LAST, plain
 from nmt_cli.training.config import (
     BatchPlan,
     TrainConfig,
@@ -36,11 +35,10 @@ from nmt_cli.training.config import (
     resolve_valid_every,
     resolve_valid_minutes,
 )
+from nmt_cli.training.files import CONFIG_JSON, CONFIG_YAML, LAST
 from nmt_cli.training.runtime import Launch, Runtime, plan_launch, torchrun_env
 from nmt_cli.training.schedule import peak_lr
-
-CONFIG_JSON = "config.json"
-CONFIG_YAML = "config.yaml"  # the recipe, for nmt train --config (recipe_file.py)
+from nmt_cli.training.state import plain
 
 
 @dataclass
