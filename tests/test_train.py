@@ -24,7 +24,7 @@ from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.training import plan as plan_mod
-from nmt_cli.training.checkpoints import prune_periodic
+from nmt_cli.training.checkpoint_manager import prune_periodic
 from nmt_cli.training.config import (
     MIN_SAVE_EVERY,
     MIN_VALID_EVERY,

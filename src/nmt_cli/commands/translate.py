@@ -201,7 +201,7 @@ def register(app: typer.Typer) -> None:
                  "--no-cuda-graphs launches them one by one.",
         ),
     ) -> None:
-        from nmt_cli.checkpoints.atomic import atomic_write
+        from nmt_cli.atomic import atomic_write
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
         from nmt_cli.inference import translate as core
         from nmt_cli.runtime import cpus

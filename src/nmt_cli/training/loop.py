@@ -4,10 +4,10 @@
         accumulate update_freq micro-batches (DDP gradient sync only on the last), label-smoothed loss summed
         gradients /= the update's target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
         stop? save? validate? (by the clock) raised by any rank, agreed by all a step later (runtime.Votes)
-        log / validate (validate.py) / save (checkpoints.py) / stop, each on its own schedule (checkpoints.Periodic)
+        log / validate (validate.py) / save (checkpoint_manager.py) / stop, each on its own schedule (checkpoint_manager.Periodic)
 
 Only rank 0 logs and writes files. The Trainer holds the model, the optimizer and the counters, and runs the loop;
-beside it: `reader.py` (the data position, each epoch's order, prefetch), `checkpoints.py` (what is saved when, the
+beside it: `reader.py` (the data position, each epoch's order, prefetch), `checkpoint_manager.py` (what is saved when, the
 training state a resume restores, averaging at the end), `validate.py`, `metrics_log.py` (the log and the run's
 header). The run around it: `plan.py` (checks before anything is written, the batches), `launch.py` (one process,
 spawned processes or torchrun's), `signals.py`.
@@ -26,14 +26,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from nmt_cli.checkpoints.atomic import remove_stale_tmp
+from nmt_cli.atomic import remove_stale_tmp
 from nmt_cli.checkpoints.format import load
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.store import ParallelData, load_manifest, read_tokenizer
 from nmt_cli.errors import CheckpointError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.runtime.memory import SAFETY, out_of_memory_advice
-from nmt_cli.training.checkpoints import Periodic, RunCheckpoints, weights_digest
+from nmt_cli.training.checkpoint_manager import Periodic, RunCheckpoints, weights_digest
 from nmt_cli.training.config import probe_cap, probed_batching
 from nmt_cli.training.files import BEST, LAST
 from nmt_cli.training.loss import label_smoothed_cross_entropy
@@ -98,7 +98,7 @@ class TrainResult:
 
 class Trainer:
     """One training process: the model, its optimizer and `fit`, over a data reader (reader.py), a validation
-    (validate.py) and the run's checkpoints (checkpoints.py)."""
+    (validate.py) and the run's checkpoints (checkpoint_manager.py)."""
 
     def __init__(self, plan: RunPlan, rt: Runtime, progress: Progress | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -393,7 +393,7 @@ class Trainer:
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
         shown: dict = {}  # the last loss figures read (for the live display between log lines)
         session_start = self.session_start = self.clock()
-        saves = Periodic(plan.save_every, plan.save_minutes, session_start, self.clock)  # (checkpoints.py)
+        saves = Periodic(plan.save_every, plan.save_minutes, session_start, self.clock)  # (checkpoint_manager.py)
         valids = Periodic(plan.valid_every, plan.valid_minutes, session_start, self.clock)
         elapsed_before = self.elapsed_before = self.state.elapsed
         watch = cpus.Watch() if plan.recheck_threads and rt.device.type == "cpu" else None

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoints.atomic import write_text
+from nmt_cli.atomic import write_text
 from nmt_cli.checkpoints.format import load, write_error
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data import multilingual
@@ -258,7 +258,7 @@ def _check_writable(out_dir: Path) -> None:
 def _init_from(cfg: TrainConfig, tokenizer) -> tuple[ModelConfig, str]:
     """--init-from: the model configuration (this run's dropout) and the checkpoint file holding the weights (a
     MarianMT model converted once, pretrained.py). The data must be encoded with that model's own tokenizer."""
-    from nmt_cli.checkpoints import pretrained
+    from nmt_cli.importers import pretrained
 
     ckpt, origin = pretrained.load(cfg.init_from)
     if ckpt.tokenizer_key() != tokenizer.key():

@@ -1,5 +1,5 @@
 """The trainer's state apart from its model and optimizer: `TrainState`, which the Trainer owns and the checkpoint
-manager (checkpoints.py) writes into checkpoint_last.pt and reads back as a plain dict, never seeing the Trainer.
+manager (checkpoint_manager.py) writes into checkpoint_last.pt and reads back as a plain dict, never seeing the Trainer.
 
 It holds the counters a resumed run goes on from (the update, the data position, the training time, what
 validating and saving cost), the best validation and patience (`Best`), the micro-batch a probe found, and the
