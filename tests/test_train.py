@@ -37,11 +37,12 @@ from nmt_cli.training.config import (
     resolve_valid_every,
     resolve_valid_minutes,
 )
+from nmt_cli.training.distributed.process import FP16_INIT_SCALE, Runtime
+from nmt_cli.training.distributed.world import Launch
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
 from nmt_cli.training.plan import plan_run, write_run_config
 from nmt_cli.training.reader import Update
-from nmt_cli.training.runtime import FP16_INIT_SCALE, Launch, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 
 SMALL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "encoder_layers": 1, "decoder_layers": 1}
@@ -546,7 +547,7 @@ def test_two_gloo_processes_train_and_agree(toy_data_dir, tmp_path):
 
 
 def test_cpu_processes_are_started_before_torch_is_imported_only_when_their_number_is_sure(monkeypatch):
-    from nmt_cli.training.spawn import early_world_size
+    from nmt_cli.training.distributed.spawn import early_world_size
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -568,7 +569,7 @@ def test_ranks_without_the_checkpoint_rank_0_resumes_from_stop_the_run(toy_data_
     """Two processes started as torchrun starts them, on "nodes" whose run directories are not shared (each its
     own working directory, -o run): rank 0 would resume, rank 1 cannot see the checkpoint. Both stop with one line
     instead of training apart; rank 0's checkpoint is untouched and rank 1 writes nothing."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     for node in nodes:
@@ -708,7 +709,7 @@ def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(toy_data_dir, tmp_p
 def test_a_rank_that_dies_is_named_in_one_line_by_the_survivor(toy_data_dir, tmp_path):
     """Two processes started as torchrun starts them (env://, rank 0 holds the store); rank 0 killed with SIGKILL:
     rank 1's collective fails, and it says in one line that rank 0 went away, not with a gloo traceback."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     port = str(free_port())
     procs = []
@@ -766,10 +767,10 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights
 
 
 def test_flags_raised_by_any_rank_are_agreed_by_all_one_update_later():
-    """runtime.Votes: rank 1's stop at update 2 and rank 0's save at update 4 reach every rank with the exchange of
+    """distributed.votes.Votes: rank 1's stop at update 2 and rank 0's save at update 4 reach every rank with the exchange of
     the update after; one process reads its own flags at once."""
     from helpers_train import exchange_votes, run_ranks
-    from nmt_cli.training.runtime import Votes
+    from nmt_cli.training.distributed.votes import Votes
 
     raised = {(1, 2): (True, False), (0, 4): (False, True)}
     want = [(False, False)] * 6
@@ -807,11 +808,11 @@ def test_a_run_over_nccl_makes_no_process_group_besides_the_default_one(toy_data
 def test_two_nodes_on_one_machine_train_save_resume_after_a_kill_and_finish(toy_data_dir, tmp_path):
     """Two torchrun agents (two "nodes" of 2 processes each) meet at one c10d rendezvous on 127.0.0.1: the run
     trains and saves; a rank of the second node killed with SIGKILL makes both agents restart their workers
-    (--max-restarts; only that node's agent counts a restart, runtime.agree_round), the run resumes from its last
+    (--max-restarts; only that node's agent counts a restart, distributed.process_group.agree_round), the run resumes from its last
     checkpoint and finishes, every update after the resume holding the batches of an uninterrupted run and the
     first one its loss. (Not bitwise the weights: with more than 2 processes the all-reduce's sums depend on their
     order, which a resumed process does not keep; the tiny model turns that roundoff into visible differences.)"""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     def nodes(run, port):
         args = _cli_args(toy_data_dir, run, "--max-steps", "40", "--save-every", "10", "--threads", "1",
@@ -858,15 +859,16 @@ def test_a_compiled_model_inside_ddp_is_compiled_by_ddp_optimizer(tmp_path):
     """DDP(torch.compile(model)), the order PyTorch recommends: dynamo still compiles the model under DDP's
     DDPOptimizer (graphs split at DDP's buckets, so the backward overlaps the all-reduce); a gloo group of one in a
     process of its own."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     code = """
 import sys, torch, torch.distributed as dist
 from torch._dynamo.backends.distributed import DDPOptimizer
 from nmt_cli.config import preset
 from nmt_cli.model import Transformer
-from nmt_cli.training.runtime import data_parallel
-from nmt_cli.training.runtime import Launch, Runtime
+from nmt_cli.training.distributed.ddp import data_parallel
+from nmt_cli.training.distributed.process import Runtime
+from nmt_cli.training.distributed.world import Launch
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
 calls, real = [], DDPOptimizer.compile_fn
@@ -915,7 +917,7 @@ def test_fp16_on_cpu_is_refused(toy_data_dir, tmp_path):
 @pytest.fixture()
 def fake_gpus(monkeypatch):
     """Pretend to have GPUs of the given compute capabilities (only what plan_launch looks at)."""
-    from nmt_cli.training import runtime
+    from nmt_cli.training.distributed import world as runtime
 
     def install(*capabilities):
         names = {(7, 0): "Tesla V100", (7, 5): "Tesla T4", (8, 0): "A100", (9, 0): "H200"}
@@ -930,7 +932,7 @@ def fake_gpus(monkeypatch):
 
 
 def test_precision_auto_uses_bf16_only_where_it_is_native(fake_gpus):
-    from nmt_cli.training.runtime import plan_launch
+    from nmt_cli.training.distributed.world import plan_launch
 
     fake_gpus((9, 0), (8, 0))
     assert plan_launch(2, 1, "auto").precision == "bf16"
@@ -944,7 +946,7 @@ def test_precision_auto_uses_bf16_only_where_it_is_native(fake_gpus):
 
 
 def test_precision_under_torchrun_is_checked_on_this_ranks_gpu(fake_gpus, monkeypatch):
-    from nmt_cli.training.runtime import plan_launch
+    from nmt_cli.training.distributed.world import plan_launch
 
     fake_gpus((8, 0), (7, 5))
     monkeypatch.setenv("WORLD_SIZE", "2")

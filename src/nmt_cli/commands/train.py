@@ -59,6 +59,9 @@ Examples:
       --rdzv-endpoint HOST:29500 -m nmt_cli.cli train data/ende -o runs/big \\
       --preset big
 """
+CHILD_MAIN = "nmt_cli.training.launch:child_main"  # what the ranks nmt spawns run (distributed/spawn.py)
+
+
 def _choice_enum(name: str, choices: tuple[str, ...]) -> type[Enum]:
     return Enum(name, {c: c for c in choices}, type=str)
 
@@ -139,7 +142,7 @@ def register(app: typer.Typer) -> None:
         config, print_config = values["config"], values["print_config"]
         from nmt_cli.runtime import cpus
         from nmt_cli.training import recipe_file
-        from nmt_cli.training.spawn import Ranks, early_world_size
+        from nmt_cli.training.distributed.spawn import Ranks, early_world_size
 
         options = _options(values)
 
@@ -155,10 +158,10 @@ def register(app: typer.Typer) -> None:
         if options["threads"] is None:
             cpus.start()  # the free cores, sampled while the run is planned
         ranks, world = None, early_world_size(options["gpus"], options["cpu_procs"])
-        if world is not None:  # the other processes start first: their imports overlap this one's (spawn.py)
+        if world is not None:  # the other processes start first: their imports overlap this one's (distributed/spawn.py)
             if options["threads"] is None:
                 cpus.start().others_busy()  # (the free cores, counted before they load them)
-            ranks = Ranks(world)
+            ranks = Ranks(world, CHILD_MAIN)  # (launch.CHILD_MAIN, named here without importing torch)
         try:
             from nmt_cli.training.launch import train as run_training
         except BaseException:

@@ -72,7 +72,7 @@ class RunCheckpoints:
 class Periodic:
     """When the run saves (or validates): every `every` updates, and with `minutes` also once that much wall-clock
     time has passed since the last one. That clock is rank 0's: its "time" is a flag the ranks agree on a step late
-    (runtime.Votes), so that every rank acts at the same update; the flag is raised once until acted on (a second
+    (distributed/votes.py), so that every rank acts at the same update; the flag is raised once until acted on (a second
     one, raised while the first was in flight, would save twice in a row)."""
 
     def __init__(self, every: int, minutes: float | None, start: float,

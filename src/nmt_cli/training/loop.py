@@ -3,14 +3,14 @@
     for each update (reader.py: the next processes x update-freq batches, dealt to the ranks; their real tokens):
         accumulate update_freq micro-batches (DDP gradient sync only on the last), label-smoothed loss summed
         gradients /= the update's target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
-        stop? save? validate? (by the clock) raised by any rank, agreed by all a step later (runtime.Votes)
+        stop? save? validate? (by the clock) raised by any rank, agreed by all a step later (distributed/votes.py)
         log / validate (validate.py) / save (checkpoint_manager.py) / stop, each on its own schedule (checkpoint_manager.Periodic)
 
 Only rank 0 logs and writes files. The Trainer holds the model, the optimizer and the counters, and runs the loop;
 beside it: `reader.py` (the data position, each epoch's order, prefetch), `checkpoint_manager.py` (what is saved when, the
 training state a resume restores, averaging at the end), `validate.py`, `metrics_log.py` (the log and the run's
 header). The run around it: `plan.py` (checks before anything is written, the batches), `launch.py` (one process,
-spawned processes or torchrun's), `signals.py`.
+spawned processes or torchrun's), `distributed/` (processes, votes, DDP, watchdog, signals).
 """
 
 from __future__ import annotations
@@ -35,15 +35,17 @@ from nmt_cli.runtime import cpus
 from nmt_cli.runtime.memory import SAFETY, out_of_memory_advice
 from nmt_cli.training.checkpoint_manager import Periodic, RunCheckpoints, weights_digest
 from nmt_cli.training.config import probe_cap, probed_batching
+from nmt_cli.training.distributed.ddp import data_parallel
+from nmt_cli.training.distributed.process import Runtime
+from nmt_cli.training.distributed.signals import StopSignals
+from nmt_cli.training.distributed.votes import Votes
 from nmt_cli.training.files import BEST, LAST
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.training.metrics_log import MetricsLog, Window, start_event
 from nmt_cli.training.plan import RunPlan, bucket_positions, repacked, write_run_config
 from nmt_cli.training.probe import probe_ranks
 from nmt_cli.training.reader import TrainReader, Update
-from nmt_cli.training.runtime import Runtime, Votes, data_parallel
 from nmt_cli.training.schedule import inverse_sqrt_lr
-from nmt_cli.training.signals import StopSignals
 from nmt_cli.training.state import Best, TrainState, plain, rng_state, set_rng_state
 from nmt_cli.training.validate import PerDirection, Validator, validator_for
 

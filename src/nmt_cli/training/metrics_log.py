@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nmt_cli.runtime.precision import slow_bf16_warning
+from nmt_cli.training.distributed.process import DTYPES
 from nmt_cli.training.files import METRICS_JSONL
-from nmt_cli.training.runtime import DTYPES
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 
 if TYPE_CHECKING:
+    from nmt_cli.training.distributed.process import Runtime
     from nmt_cli.training.plan import RunPlan
-    from nmt_cli.training.runtime import Runtime
     from nmt_cli.training.state import TrainState
 
 

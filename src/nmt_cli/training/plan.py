@@ -35,8 +35,9 @@ from nmt_cli.training.config import (
     resolve_valid_every,
     resolve_valid_minutes,
 )
+from nmt_cli.training.distributed.process import Runtime
+from nmt_cli.training.distributed.world import Launch, plan_launch, torchrun_env
 from nmt_cli.training.files import CONFIG_JSON, CONFIG_YAML, LAST
-from nmt_cli.training.runtime import Launch, Runtime, plan_launch, torchrun_env
 from nmt_cli.training.schedule import peak_lr
 from nmt_cli.training.state import plain
 

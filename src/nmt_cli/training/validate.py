@@ -31,8 +31,8 @@ from nmt_cli.data.batching import make_batches
 from nmt_cli.data.store import ParallelData, collate
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import TrainingError
+from nmt_cli.training.distributed.process import DTYPES, Runtime
 from nmt_cli.training.loss import label_smoothed_cross_entropy
-from nmt_cli.training.runtime import DTYPES, Runtime
 
 
 def deal(lengths: np.ndarray, rank: int, world_size: int) -> np.ndarray:
