@@ -85,6 +85,8 @@ def _parameter(name: str, spec: Option, default, hint) -> inspect.Parameter:
         hint, default = _ENUMS[name], _ENUMS[name](default)
     elif spec.auto:
         hint = str
+    elif spec.path:
+        hint = Path
     else:
         hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
     show = spec.show_default if spec.show_default is not None else default is not None

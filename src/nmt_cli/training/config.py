@@ -71,6 +71,7 @@ class Option:
     note: str | None = None  # the recipe file's comment on the value (how a null or auto is decided)
     not_in_file: str | None = None  # why a file may not set it (the refusal's hint)
     from_cli: object = None  # the command line's value -> the field's (None: as it is)
+    path: bool = False  # the command line reads a path (normalised as pathlib does: `runs/x/` is `runs/x`)
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,9 @@ class TrainConfig:
     (`per_preset`, `recipe` and the `resolve_*` functions). The fields are in the order of `nmt train --help`."""
 
     data_dir: str = option(None, "Data directory written by nmt prepare (with --config: its data_dir when not "
-                           "given).", "data", flags=("ARG",), metavar="DATA_DIR")
+                           "given).", "data", flags=("ARG",), metavar="DATA_DIR", path=True)
     out_dir: str = option(None, "Run directory for checkpoints and logs (with --config: its out_dir when not "
-                          "given).", "top", flags=("-o", "--output"), metavar="RUN_DIR")
+                          "given).", "top", flags=("-o", "--output"), metavar="RUN_DIR", path=True)
     preset: str = option("base", "Model size and recipe defaults.", "top", flags=("--preset",),
                          choices=PRESET_NAMES)
     init_from: str | None = option(
