@@ -158,9 +158,10 @@ def measure(data_dir: Path, preset: str, model: dict, precision: str, max_tokens
     window of >= `window` seconds (a shared machine's neighbours slow some windows down)."""
     from nmt_cli.data.batching import padding_efficiency
     from nmt_cli.training.config import TrainConfig
+    from nmt_cli.training.distributed.process import Runtime
+    from nmt_cli.training.distributed.process_group import setup_process
     from nmt_cli.training.loop import Trainer
     from nmt_cli.training.plan import plan_run
-    from nmt_cli.training.runtime import Runtime, setup_process
 
     cfg = TrainConfig(str(data_dir), str(WORK / "scratch"), preset=preset, model=model, precision=precision,
                       max_tokens=max_tokens, update_freq=1, gpus=1 if device == "cuda" else 0, compile=compile,
@@ -315,9 +316,9 @@ def profile_update(data: Path, preset: str, max_tokens: int, updates: int = 4) -
     from torch.profiler import ProfilerActivity, profile
 
     from nmt_cli.training.config import TrainConfig
+    from nmt_cli.training.distributed.process_group import setup_process
     from nmt_cli.training.loop import Trainer
     from nmt_cli.training.plan import plan_run
-    from nmt_cli.training.runtime import setup_process
 
     cfg = TrainConfig(str(data), str(WORK / "scratch"), preset=preset, precision="bf16", max_tokens=max_tokens,
                       update_freq=1, gpus=1, resume=None)

@@ -29,7 +29,7 @@ def run_ranks(target, world_size: int, *args) -> list:
     put on `results` (a queue; the rank first), in rank order. Every process must end with exit status 0."""
     import multiprocessing as mp
 
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -54,7 +54,8 @@ def validate_checkpoint(rank: int, world_size: int, init_method: str | None, che
     group) at `precision`: puts (rank, the figures, this rank's hypotheses {sentence: token ids}) on `results` (a queue)."""
     from nmt_cli.checkpoints.format import load
     from nmt_cli.data.store import ParallelData, read_tokenizer
-    from nmt_cli.training.runtime import Launch, setup_process, shutdown_process
+    from nmt_cli.training.distributed.process_group import setup_process, shutdown_process
+    from nmt_cli.training.distributed.world import Launch
     from nmt_cli.training.validate import Validator
 
     launch = Launch("cpu", world_size, "gloo" if world_size > 1 else None, False, precision)
@@ -72,7 +73,9 @@ def validate_checkpoint(rank: int, world_size: int, init_method: str | None, che
 def exchange_votes(rank: int, world_size: int, init_method: str, raised: dict, results) -> None:
     """One rank of a run of 6 updates' `Votes.exchange` over gloo, raising the flags `raised` gives for (rank,
     update): puts (rank, what each exchange returned) on `results` (a queue)."""
-    from nmt_cli.training.runtime import Launch, Votes, setup_process, shutdown_process
+    from nmt_cli.training.distributed.process_group import setup_process, shutdown_process
+    from nmt_cli.training.distributed.votes import Votes
+    from nmt_cli.training.distributed.world import Launch
 
     rt = setup_process(Launch("cpu", world_size, "gloo", False, "fp32"), rank, rank, 1, init_method)
     try:
@@ -122,7 +125,7 @@ def cli_args(data_dir, run, *extra) -> list:
 
 def torchrun(nproc: int) -> list[str]:
     """The command that starts `nproc` processes on this machine as torchrun does (a free port for its store)."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]

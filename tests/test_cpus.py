@@ -1,10 +1,8 @@
-"""Default threads from the free cores (cpus.py): the arithmetic, /proc/stat's reading, and a real busy neighbour."""
+"""Default threads from the free cores (cpus.py): the arithmetic, /proc/stat's reading, and a busy neighbour seen
+through counters the test advances (a machine of its own: no claim on how busy the real one is)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -39,36 +37,76 @@ def test_threads_are_the_free_cores_shared_by_the_processes(cores, busy, procs, 
     assert (choice.threads, choice.reason) == (threads, reason)
 
 
-@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux only")
+class Machine:
+    """A machine's /proc/stat and this process's CPU time as counters that the test advances: what a window of
+    `seconds` adds with `neighbour` cores' worth of other processes' work and `own` of ours (100 ticks a second)."""
+
+    def __init__(self, cores: int = 2):
+        self.cores, self.busy, self.total, self.own, self.now = cores, 0.0, 0.0, 0.0, 0.0
+        self.neighbour, self.ours = 0.0, 0.0
+
+    def snapshot(self, cpus_: set[int]):
+        assert cpus_ == set(range(self.cores))
+        return self.busy, self.total, self.own
+
+    def sleep(self, seconds: float) -> None:
+        ticks = 100 * seconds
+        self.busy += ticks * (self.neighbour + self.ours)
+        self.own += ticks * self.ours
+        self.total += ticks * self.cores
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
 def test_a_busy_neighbour_is_seen_and_our_own_work_is_not():
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.3)  # let it start
-        assert cpus.Sampler(0.5).others_busy() > 0.6
-    finally:
-        spinner.kill()
-        spinner.wait()
-    time.sleep(0.2)
-    idle = cpus.Sampler(0.5).others_busy()
-    sampler = cpus.Sampler(0.5)
-    end = time.perf_counter() + 0.5
-    while time.perf_counter() < end:  # this process is busy during the window: not another process's load
-        pass
-    assert sampler.others_busy() < idle + 0.5
+    machine = Machine(cores=2)
+    cores = set(range(2))
+    machine.neighbour = 1.0  # another process spins on one core
+    sampler = cpus.Sampler(0.5, snapshot=machine.snapshot, sleep=machine.sleep, cpus=cores)
+    assert sampler.others_busy() == pytest.approx(1.0)
+    assert (sampler.threads().threads, sampler.threads().reason) == (1, "2 cores, 1 busy: 1 thread")
+    machine.neighbour, machine.ours = 0.0, 1.0  # this process is busy during the window: not another's load
+    sampler = cpus.Sampler(0.5, snapshot=machine.snapshot, sleep=machine.sleep, cpus=cores)
+    assert sampler.others_busy() == pytest.approx(0.0)
+    assert sampler.threads().threads == 2
+    machine.neighbour = 0.2  # background noise beside our own work
+    assert cpus.Sampler(0.5, snapshot=machine.snapshot, sleep=machine.sleep, cpus=cores).threads().threads == 2
 
 
-@pytest.mark.skipif(not Path("/proc/stat").exists() or cpus.core_count() < 2, reason="Linux, 2+ cores")
+def test_without_proc_stat_the_count_is_the_affinity_masks():
+    sampler = cpus.Sampler(0.5, snapshot=lambda _: None, sleep=lambda s: pytest.fail("no window to wait for"),
+                           cpus={0, 1, 2})
+    assert sampler.threads().reason == "3 cores, 0 busy: 3 threads"
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux only")
+def test_the_real_proc_stat_is_read():
+    """The real reading, with no claim on the machine's load (other processes come and go): sane counters."""
+    first = cpus._snapshot(cpus._own_cpus())
+    second = cpus._snapshot(cpus._own_cpus())
+    assert first is not None and second is not None
+    assert all(b >= a for a, b in zip(first, second, strict=True))
+    assert 0 <= first[0] <= first[1]
+    assert cpus.Sampler(0.0).others_busy() >= 0.0
+
+
 def test_a_long_run_counts_again_when_a_neighbour_arrives():
     """cpus.Watch: no look before it is due; once due, a busy neighbour that arrived takes a core from the count."""
-    watch = cpus.Watch(every_s=0.4)
-    assert watch.poll(current=99) is None  # not due yet
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.6)
-        choice = watch.poll(current=99)  # due; 99 threads is never the choice
-        assert choice is not None and choice.threads < len(watch.cpus), choice
-        assert "busy" in choice.reason
-        assert watch.poll(current=98) is None  # just looked: not due again yet
-    finally:
-        spinner.kill()
-        spinner.wait()
+    machine = Machine(cores=2)
+    watch = cpus.Watch(every_s=15.0, snapshot=machine.snapshot, clock=machine.clock, cpus={0, 1})
+    machine.sleep(10.0)
+    assert watch.poll(current=2) is None  # not due yet
+    machine.sleep(10.0)
+    assert watch.poll(current=2) is None  # due, idle: 2 threads is still the choice
+    machine.neighbour = 1.0
+    machine.sleep(5.0)
+    assert watch.poll(current=2) is None  # not due again yet (the last look was 5 s ago)
+    machine.sleep(10.0)
+    choice = watch.poll(current=2)
+    assert choice is not None and (choice.threads, choice.reason) == (1, "2 cores, 1 busy: 1 thread"), choice
+    assert watch.poll(current=1) is None  # just looked
+    machine.neighbour = 0.0  # the neighbour leaves: the core comes back
+    machine.sleep(15.0)
+    assert watch.poll(current=1) == cpus.ThreadChoice(2, "2 cores, 0 busy: 2 threads")

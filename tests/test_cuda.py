@@ -102,7 +102,7 @@ def test_fp16_scaler_skips_an_overflowed_update_on_cuda(toy_data_dir, tmp_path, 
 
 def test_autocast_loss_is_close_to_fp32_on_the_same_batch(toy_data_dir):
     from nmt_cli.data.store import ParallelData, collate
-    from nmt_cli.training.runtime import DTYPES
+    from nmt_cli.training.distributed.process import DTYPES
 
     data = ParallelData(toy_data_dir, "train")
     batch = collate([data[i] for i in range(32)]).to("cuda")
@@ -236,9 +236,9 @@ def test_ddp_two_processes_on_one_gpu_train_and_agree(toy_data_dir, tmp_path, ba
     (NCCL refuses two ranks on one device; gloo carries the CUDA tensors)."""
     import torch.multiprocessing as mp
 
+    from nmt_cli.training.distributed.spawn import free_port
+    from nmt_cli.training.distributed.world import Launch
     from nmt_cli.training.plan import plan_run, write_run_config
-    from nmt_cli.training.runtime import Launch
-    from nmt_cli.training.spawn import free_port
 
     plan = plan_run(cuda_cfg(toy_data_dir, tmp_path / "run", max_steps=8, save_every=4))
     plan = dataclasses.replace(plan, launch=Launch("cuda", 2, backend, False, "bf16"),
@@ -300,8 +300,8 @@ MIB = 2**20
 
 
 def test_training_probe_shrinks_with_the_memory_cap_and_its_answer_trains():
+    from nmt_cli.training.distributed.process import DTYPES
     from nmt_cli.training.probe import largest_train_batch, train_fits
-    from nmt_cli.training.runtime import DTYPES
 
     torch.manual_seed(0)
     model = Transformer(tiny_config(8000, d_model=256, d_ff=1024, n_heads=4, max_positions=128)).cuda()

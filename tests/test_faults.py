@@ -18,7 +18,7 @@ import pytest
 
 from helpers_faults import fill, leftovers, small_filesystem
 from helpers_translate import make_checkpoint
-from nmt_cli.checkpoints.atomic import os_error_behind
+from nmt_cli.atomic import os_error_behind
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -354,7 +354,7 @@ def _ended_pid() -> int:
 def test_a_writer_removes_the_staging_folders_of_ended_writers_only(tmp_path):
     """.TARGET.PID@HOST.XXXX.tmp: removed where PID has ended on this host; kept where it is alive (a writer
     filling it now) or of another host (a shared filesystem: its process cannot be looked at from here)."""
-    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.atomic import owner_tag
     from nmt_cli.export.folder import atomic_folder
 
     host = owner_tag().split("@")[1]
@@ -374,7 +374,7 @@ def test_a_writer_removes_the_staging_folders_of_ended_writers_only(tmp_path):
 def test_a_previous_export_a_kill_left_moved_aside_is_put_back(tmp_path):
     """Killed between moving the previous export aside and renaming the new one into place: the target is
     missing and the previous export is whole in .TARGET.PID@HOST.old; the next writer puts it back first."""
-    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.atomic import owner_tag
     from nmt_cli.errors import ConfigError
     from nmt_cli.export.folder import atomic_folder, remove_stale
 
@@ -427,7 +427,7 @@ def test_a_push_removes_the_staging_folders_of_ended_pushes_only(tmp_path, monke
     by the next push, a live push's is kept."""
     import tempfile
 
-    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.atomic import owner_tag
     from nmt_cli.hub.push import staging_folder
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -444,7 +444,7 @@ def test_a_push_removes_the_staging_folders_of_ended_pushes_only(tmp_path, monke
 def test_a_write_removes_the_temporary_files_of_ended_writers_of_the_same_file_only(ckpt, tmp_path):
     """What `kill -9` during `nmt average` or `nmt import` leaves (avg.pt.PID@HOST.XXXX.tmp) is removed by the next
     write of avg.pt; a live writer's, another file's and another host's stay."""
-    from nmt_cli.checkpoints.atomic import owner_tag
+    from nmt_cli.atomic import owner_tag
     from nmt_cli.checkpoints.format import load, save
 
     host = owner_tag().split("@")[1]
@@ -461,8 +461,8 @@ def test_a_bit_flipped_marian_pytorch_model_bin_is_refused_at_import(tmp_path):
     """A downloaded MarianMT folder's pytorch_model.bin goes through the same CRC-32 check."""
     import torch
 
-    from nmt_cli.checkpoints.marian import load_weights
     from nmt_cli.errors import CheckpointError
+    from nmt_cli.importers.marian import load_weights
 
     weight = torch.arange(4096, dtype=torch.float32)
     torch.save({"model.shared.weight": weight}, tmp_path / "pytorch_model.bin")

@@ -17,9 +17,9 @@ from conftest import toy_pairs
 from helpers_hub_models import write_model_repo
 from helpers_marian import folder_files, make_marian
 from nmt_cli.checkpoints import format as checkpoint
-from nmt_cli.checkpoints import marian
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID
 from nmt_cli.errors import ConfigError
+from nmt_cli.importers import marian
 from nmt_cli.inference.translate import Translator
 
 transformers = pytest.importorskip("transformers", reason="the export extra is not installed: pip install 'nmt-cli[export]'")

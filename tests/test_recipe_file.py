@@ -165,3 +165,57 @@ def test_a_bad_config_is_one_line_and_writes_nothing(toy_data_dir, tmp_path):
     r = run_nmt("train", "--config", path, "-o", run)
     assert r.returncode == 2 and f"missing argument DATA_DIR; {path} has no data.data_dir" in r.stderr, r.stderr
     assert not run.exists()
+
+
+@pytest.mark.parametrize("name, save_every, average_last, keep_last", [
+    ("tiny", 1000, 5, 5), ("base", 1400, 5, 5), ("big", 600, 20, 20)])
+def test_print_config_shows_the_checkpoint_recipe_the_preset_runs(tmp_path, name, save_every, average_last,
+                                                                    keep_last):
+    """The saves and the averaging a preset runs are numbers in the printed file, with the rule for shorter runs in
+    a comment; what the data or the machine decide stays null or auto with a comment saying how; read back, the
+    preset's numbers are its defaults again (a shorter --max-steps still saves more often)."""
+    r = run_nmt("train", "--print-config", "--preset", name)
+    assert r.returncode == 0, r.stderr
+    recipe = yaml.safe_load(r.stdout)["recipe"]
+    assert (recipe["save_every"], recipe["average_last"], recipe["keep_last"]) == (save_every, average_last, keep_last)
+    lines = {line.split(":")[0].strip(): line for line in r.stdout.splitlines() if line.startswith("  ")}
+    assert "max_steps / (4 x average_last), at least 50" in lines["save_every"]
+    for key in ("max_tokens", "update_freq", "lr", "threads", "gpus", "valid_every"):
+        assert "  # " in lines[key], lines[key]
+    path = tmp_path / "p.yaml"
+    path.write_text(r.stdout)
+    kwargs = recipe_file.read(path)
+    assert kwargs["save_every"] is None and kwargs["average_last"] is None and kwargs["keep_last"] is None
+    path.write_text(r.stdout.replace(f"average_last: {average_last}", "average_last: 8"))
+    kwargs = recipe_file.read(path)  # keep_last equal to max(5, the file's average_last): still the default
+    assert kwargs["average_last"] == 8 and kwargs["keep_last"] == (None if keep_last == max(5, 8) else keep_last)
+
+
+def test_every_option_is_declared_once_and_the_command_line_comes_from_it():
+    """TrainConfig's fields carry their declarations; the command's options are exactly the declared flags (with
+    the model options and the command's own --config and --print-config), the presets' values come from them."""
+    import typer
+
+    from nmt_cli.cli import app
+    from nmt_cli.training.config import MODEL_OPTIONS, RECIPES, declarations
+
+    declared = declarations()
+    assert list(declared) == [f.name for f in dataclasses.fields(TrainConfig)]
+    command = typer.main.get_command(app).commands["train"]
+    params = {p.name: p for p in command.params}
+    flagged = {k for k, o in declared.items() if o.flags}
+    assert set(params) == flagged | set(MODEL_OPTIONS) | {"config", "print_config"}
+    for name in flagged:
+        spec = declared[name]
+        assert params[name].help == spec.help
+        if spec.flags != ("ARG",):
+            assert set(params[name].opts) | set(params[name].secondary_opts) == \
+                {o for flag in spec.flags for o in flag.split("/")}
+    for preset_name, values in RECIPES.items():
+        for key, value in values.items():
+            if key != "cpu_max_tokens":
+                assert declared[key].per_preset[preset_name] == value
+                assert str(value) in (declared[key].show_default or ""), (key, value)
+    sections = {o.section for o in declared.values()}
+    assert sections == {"top", "recipe", "data", "machine", "model", ""}
+    assert all(o.not_in_file for o in declared.values() if o.section == "")

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,7 +24,7 @@ from nmt_cli.data.store import collate
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, DeviceError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.training import plan as plan_mod
-from nmt_cli.training.checkpoints import prune_periodic
+from nmt_cli.training.checkpoint_manager import prune_periodic
 from nmt_cli.training.config import (
     MIN_SAVE_EVERY,
     MIN_VALID_EVERY,
@@ -38,11 +37,12 @@ from nmt_cli.training.config import (
     resolve_valid_every,
     resolve_valid_minutes,
 )
+from nmt_cli.training.distributed.process import FP16_INIT_SCALE, Runtime
+from nmt_cli.training.distributed.world import Launch
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
-from nmt_cli.training.plan import plan_run
+from nmt_cli.training.plan import plan_run, write_run_config
 from nmt_cli.training.reader import Update
-from nmt_cli.training.runtime import FP16_INIT_SCALE, Launch, Runtime
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 
 SMALL = {"d_model": 32, "d_ff": 64, "n_heads": 4, "encoder_layers": 1, "decoder_layers": 1}
@@ -472,14 +472,45 @@ def test_an_unwritable_run_directory_is_refused_before_training(toy_data_dir, tm
     assert not (tmp_path / "ro" / "run").exists()
 
 
+class UpdateClock:
+    """A clock that moves only when the trainer updates: `seconds` per update (the run's time, --max-time and the
+    saves by minutes follow it, not the machine's speed)."""
+
+    def __init__(self, seconds: float):
+        self.now, self.seconds = 1000.0, seconds
+
+    def __call__(self) -> float:
+        return self.now
+
+    def train(self, cfg: TrainConfig):
+        plan = plan_run(cfg)
+        write_run_config(plan)
+        trainer = Trainer(plan, Runtime(Launch("cpu", 1, None, False, "fp32")), clock=self)
+        update = trainer.update
+
+        def timed(u):
+            self.now += self.seconds
+            return update(u)
+
+        trainer.update = timed
+        return trainer.fit()
+
+
 def test_max_time_stops_and_time_based_checkpoints_average(toy_data_dir, tmp_path):
+    """Each update takes 0.5 s of the run's clock: --max-time 0.25 (15 s) stops at the first update past it (31),
+    --save-every-minutes 0.05 (3 s) saves the state at the updates where 3 s have passed since the last save (the
+    flag raised before update n, agreed with it), and the last 3 of those are averaged."""
     run = tmp_path / "run"
-    result = train(small_cfg(toy_data_dir, run, max_time=0.05, max_steps=100000, average_last=3, keep_last=3,
-                             save_every_minutes=0.05 / 20))
+    clock = UpdateClock(0.5)
+    result = clock.train(small_cfg(toy_data_dir, run, max_time=0.25, max_steps=100000, average_last=3, keep_last=3,
+                                   save_every_minutes=0.05))
     assert result.stopped_by == "max_time"
-    assert result.elapsed >= 0.05 * 60  # (stopped by the limit, at the first update past it)
-    assert len(periodic_checkpoints(run)) == 3  # saved every 0.05/20 min, pruned to --keep-last
+    assert result.step == 31 and result.elapsed == 15.5  # 15 s reached after update 30: update 31 ran, then stop
+    steps = [int(p.stem.split("_")[1]) for p in periodic_checkpoints(run)]
+    assert steps == [21, 28, 31], steps  # 3 s after a save the flag rides on the 7th update; the last: the stop's
     assert load(run / "averaged.pt").meta["averaged_from"] == [str(p) for p in periodic_checkpoints(run)]
+    saves = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in saves if e["kind"] == "save"] == [7, 14, 21, 28, 31]
 
 
 def test_max_epochs_and_patience(toy_data_dir, tmp_path):
@@ -518,7 +549,7 @@ def test_two_gloo_processes_train_and_agree(toy_data_dir, tmp_path):
 
 
 def test_cpu_processes_are_started_before_torch_is_imported_only_when_their_number_is_sure(monkeypatch):
-    from nmt_cli.training.spawn import early_world_size
+    from nmt_cli.training.distributed.spawn import early_world_size
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
@@ -540,7 +571,7 @@ def test_ranks_without_the_checkpoint_rank_0_resumes_from_stop_the_run(toy_data_
     """Two processes started as torchrun starts them, on "nodes" whose run directories are not shared (each its
     own working directory, -o run): rank 0 would resume, rank 1 cannot see the checkpoint. Both stop with one line
     instead of training apart; rank 0's checkpoint is untouched and rank 1 writes nothing."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     nodes = [tmp_path / "node0", tmp_path / "node1"]
     for node in nodes:
@@ -680,7 +711,7 @@ def test_a_stopped_rank_ends_the_run_with_one_line_naming_it(toy_data_dir, tmp_p
 def test_a_rank_that_dies_is_named_in_one_line_by_the_survivor(toy_data_dir, tmp_path):
     """Two processes started as torchrun starts them (env://, rank 0 holds the store); rank 0 killed with SIGKILL:
     rank 1's collective fails, and it says in one line that rank 0 went away, not with a gloo traceback."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     port = str(free_port())
     procs = []
@@ -738,10 +769,10 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes_to_the_same_weights
 
 
 def test_flags_raised_by_any_rank_are_agreed_by_all_one_update_later():
-    """runtime.Votes: rank 1's stop at update 2 and rank 0's save at update 4 reach every rank with the exchange of
+    """distributed.votes.Votes: rank 1's stop at update 2 and rank 0's save at update 4 reach every rank with the exchange of
     the update after; one process reads its own flags at once."""
     from helpers_train import exchange_votes, run_ranks
-    from nmt_cli.training.runtime import Votes
+    from nmt_cli.training.distributed.votes import Votes
 
     raised = {(1, 2): (True, False), (0, 4): (False, True)}
     want = [(False, False)] * 6
@@ -779,11 +810,11 @@ def test_a_run_over_nccl_makes_no_process_group_besides_the_default_one(toy_data
 def test_two_nodes_on_one_machine_train_save_resume_after_a_kill_and_finish(toy_data_dir, tmp_path):
     """Two torchrun agents (two "nodes" of 2 processes each) meet at one c10d rendezvous on 127.0.0.1: the run
     trains and saves; a rank of the second node killed with SIGKILL makes both agents restart their workers
-    (--max-restarts; only that node's agent counts a restart, runtime.agree_round), the run resumes from its last
+    (--max-restarts; only that node's agent counts a restart, distributed.process_group.agree_round), the run resumes from its last
     checkpoint and finishes, every update after the resume holding the batches of an uninterrupted run and the
     first one its loss. (Not bitwise the weights: with more than 2 processes the all-reduce's sums depend on their
     order, which a resumed process does not keep; the tiny model turns that roundoff into visible differences.)"""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     def nodes(run, port):
         args = _cli_args(toy_data_dir, run, "--max-steps", "40", "--save-every", "10", "--threads", "1",
@@ -830,15 +861,16 @@ def test_a_compiled_model_inside_ddp_is_compiled_by_ddp_optimizer(tmp_path):
     """DDP(torch.compile(model)), the order PyTorch recommends: dynamo still compiles the model under DDP's
     DDPOptimizer (graphs split at DDP's buckets, so the backward overlaps the all-reduce); a gloo group of one in a
     process of its own."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     code = """
 import sys, torch, torch.distributed as dist
 from torch._dynamo.backends.distributed import DDPOptimizer
 from nmt_cli.config import preset
 from nmt_cli.model import Transformer
-from nmt_cli.training.runtime import data_parallel
-from nmt_cli.training.runtime import Launch, Runtime
+from nmt_cli.training.distributed.ddp import data_parallel
+from nmt_cli.training.distributed.process import Runtime
+from nmt_cli.training.distributed.world import Launch
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[1]}", rank=0, world_size=1)
 calls, real = [], DDPOptimizer.compile_fn
@@ -887,7 +919,7 @@ def test_fp16_on_cpu_is_refused(toy_data_dir, tmp_path):
 @pytest.fixture()
 def fake_gpus(monkeypatch):
     """Pretend to have GPUs of the given compute capabilities (only what plan_launch looks at)."""
-    from nmt_cli.training import runtime
+    from nmt_cli.training.distributed import world as runtime
 
     def install(*capabilities):
         names = {(7, 0): "Tesla V100", (7, 5): "Tesla T4", (8, 0): "A100", (9, 0): "H200"}
@@ -902,7 +934,7 @@ def fake_gpus(monkeypatch):
 
 
 def test_precision_auto_uses_bf16_only_where_it_is_native(fake_gpus):
-    from nmt_cli.training.runtime import plan_launch
+    from nmt_cli.training.distributed.world import plan_launch
 
     fake_gpus((9, 0), (8, 0))
     assert plan_launch(2, 1, "auto").precision == "bf16"
@@ -916,7 +948,7 @@ def test_precision_auto_uses_bf16_only_where_it_is_native(fake_gpus):
 
 
 def test_precision_under_torchrun_is_checked_on_this_ranks_gpu(fake_gpus, monkeypatch):
-    from nmt_cli.training.runtime import plan_launch
+    from nmt_cli.training.distributed.world import plan_launch
 
     fake_gpus((8, 0), (7, 5))
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -1025,34 +1057,59 @@ def test_tiny_model_learns_the_sample_corpus_in_seconds(sample_data_dir, tmp_pat
     assert result.valid["valid_ppl"] < 0.1 * 400  # far below uniform over the vocabulary
 
 
-@pytest.mark.skipif(not Path("/proc/stat").exists() or cpus.core_count() < 2, reason="Linux, 2+ cores")
 def test_a_run_started_idle_drops_a_thread_when_a_neighbour_arrives(toy_data_dir, tmp_path, monkeypatch):
     """Automatic threads are counted again during the run (cpus.Watch): a run that chose 2 threads on an idle
-    machine goes down to 1 once a busy neighbour takes a core, and says so in metrics.jsonl."""
-    monkeypatch.setattr(cpus, "RECHECK_S", 0.3)
+    machine goes down to 1 once a busy neighbour takes a core, and says so in metrics.jsonl. The machine is counters
+    the test advances (a second of its time per look; the neighbour arrives at the third), not the real one."""
     monkeypatch.setattr(cpus, "default_threads", lambda procs=1: cpus.ThreadChoice(2, "2 cores, 0 busy: 2 threads"))
-    real_poll = cpus.Watch.poll
+    ticks = {"busy": 0.0, "total": 0.0, "looks": 0}
 
-    def poll(self, current):  # the run goes on until a look changes the count (however fast the machine), then stops
+    def snapshot(_cpus):  # each look: one more second of a 2-core machine, a neighbour busy on a core from the 3rd
+        ticks["looks"] += 1
+        ticks["busy"] += 100.0 if ticks["looks"] >= 3 else 0.0
+        ticks["total"] += 200.0
+        return ticks["busy"], ticks["total"], 0.0
+
+    real_watch, real_poll = cpus.Watch, cpus.Watch.poll
+    monkeypatch.setattr(cpus, "Watch", lambda: real_watch(every_s=0.0, snapshot=snapshot, clock=lambda: 0.0,
+                                                          cpus={0, 1}))
+
+    def poll(self, current):  # the run stops once a look changes the count
         choice = real_poll(self, current)
         if choice is not None:
             os.kill(os.getpid(), signal.SIGTERM)
         return choice
 
-    monkeypatch.setattr(cpus.Watch, "poll", poll)
+    monkeypatch.setattr(real_watch, "poll", poll)
     before = torch.get_num_threads()
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     guard = threading.Timer(120, os.kill, (os.getpid(), signal.SIGTERM))  # (ends a run that never sees the neighbour)
     guard.start()
     try:
         result = train(small_cfg(toy_data_dir, tmp_path / "run", threads=None, max_steps=10**6))
     finally:
         guard.cancel()
-        spinner.kill()
-        spinner.wait()
         torch.set_num_threads(before)
     assert result.stopped_by == "signal"
     events = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [e for e in events if e["kind"] == "start"][0]["threads"] == 2
     changes = [e for e in events if e["kind"] == "threads"]
     assert changes and changes[0]["threads"] == 1 and "busy" in changes[0]["reason"], changes
+    assert changes[0]["step"] == 2  # the looks after updates 1 (idle) and 2 (the neighbour's first second)
+
+
+def test_the_train_state_is_a_state_dict_of_its_own():
+    """state.TrainState: what checkpoint_last.pt holds besides the optimizer, as plain data that round-trips; an
+    older nmt's per-rank data position is scaled to the global one."""
+    from nmt_cli.training.state import Best, TrainState
+
+    state = TrainState(Best("valid_bleu", 31.5, 400, 2), step=420, epoch=3, pos=17, elapsed=12.5, overflows=1,
+                       validations=2, valid_seconds=3.0, saves=4, save_seconds=0.5, probed_max_tokens=9000,
+                       world_size=2)
+    saved = state.state_dict()
+    assert saved["pos_global"] is True and saved["best"] == 31.5 and saved["bad_valids"] == 2
+    again = TrainState(Best("valid_bleu"))
+    again.load_state_dict(saved)
+    assert again == state
+    older = TrainState()
+    older.load_state_dict({**saved, "pos_global": False})
+    assert older.pos == 34  # 17 batches on each of 2 ranks

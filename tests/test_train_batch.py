@@ -227,8 +227,9 @@ def test_after_the_probe_the_batches_are_packed_again_and_counted_in_real_tokens
 
     from nmt_cli.data.batching import make_batches
     from nmt_cli.training import probe
+    from nmt_cli.training.distributed.process import Runtime
+    from nmt_cli.training.distributed.world import Launch
     from nmt_cli.training.loop import Trainer
-    from nmt_cli.training.runtime import Launch, Runtime
 
     cfg = small_cfg(toy_data_dir, tmp_path / "run", model=dict(NO_DROPOUT), max_tokens="auto", update_freq="auto",
                     update_tokens=1024)

@@ -12,11 +12,12 @@ from nmt_cli.data.batching import bucket_shape, length_bucket
 from nmt_cli.data.store import collate
 from nmt_cli.errors import ConfigError
 from nmt_cli.training import loop as loop_mod
+from nmt_cli.training.distributed.process import Runtime
+from nmt_cli.training.distributed.world import Launch
 from nmt_cli.training.launch import train
 from nmt_cli.training.loop import Trainer
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.training.plan import plan_run
-from nmt_cli.training.runtime import Launch, Runtime
 from test_train import SMALL, small_cfg
 
 NO_DROPOUT = {**SMALL, "dropout": 0.0}

@@ -55,9 +55,9 @@ def time_validations(data: Path, checkpoint: Path, precision: str, reps: int, th
     import torch
 
     from nmt_cli.training.config import TrainConfig
+    from nmt_cli.training.distributed.process_group import setup_process, shutdown_process
     from nmt_cli.training.loop import Trainer
     from nmt_cli.training.plan import plan_run
-    from nmt_cli.training.runtime import setup_process, shutdown_process
 
     out: dict = {"threads": None}
     rt = None
@@ -82,7 +82,7 @@ def time_validations(data: Path, checkpoint: Path, precision: str, reps: int, th
 def run_tree(src: Path, args, data: Path, checkpoint: Path, precision: str) -> dict | str:
     """time_validations in `args.procs` fresh processes importing nmt_cli from `src` -> rank 0's figures, or the
     error's last line if one failed."""
-    from nmt_cli.training.spawn import free_port
+    from nmt_cli.training.distributed.spawn import free_port
 
     init = f"tcp://127.0.0.1:{free_port()}" if args.procs > 1 else None
     env = {**os.environ, "PYTHONPATH": str(src)}

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoints.atomic import atomic_write
+from nmt_cli.atomic import atomic_write
 from nmt_cli.checkpoints.integrity import check_archive
 from nmt_cli.config import ModelConfig
 from nmt_cli.data.tokenizer import is_sentencepiece_model

@@ -100,9 +100,9 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli.checkpoints import pretrained
         from nmt_cli.export import ctranslate2 as core
         from nmt_cli.export import require
+        from nmt_cli.importers import pretrained
 
         require("ctranslate2", "nmt export ctranslate2")
         ckpt, origin = pretrained.load(model, note_line, digest=True)
@@ -121,9 +121,9 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli.checkpoints import pretrained
         from nmt_cli.export import huggingface as core
         from nmt_cli.export import require
+        from nmt_cli.importers import pretrained
 
         require("transformers", "nmt export huggingface")
         quiet_transformers()

@@ -32,10 +32,10 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., metavar="MODEL", help="MarianMT folder or hf:ORG/NAME[@REVISION]."),
         output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="The nmt checkpoint to write."),
     ) -> None:
-        from nmt_cli.checkpoints import marian, pretrained
         from nmt_cli.checkpoints.format import save
         from nmt_cli.commands.messages import note_line, usage_error
         from nmt_cli.hub import pull as hub
+        from nmt_cli.importers import marian, pretrained
 
         if not hub.is_hub_ref(model) and not marian.is_marian(model):
             raise usage_error(f"{model} is not a MarianMT model folder (no config.json with model_type marian); "

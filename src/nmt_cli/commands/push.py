@@ -57,9 +57,9 @@ def register(app: typer.Typer) -> None:
         training_data: str = TRAINING_DATA,
         scores: Path = SCORES,
     ) -> None:
-        from nmt_cli.checkpoints import pretrained
         from nmt_cli.export import require
         from nmt_cli.hub import push as hub
+        from nmt_cli.importers import pretrained
 
         repo_id = hub.check_repo_id(repo_id)
         if quantization is not None and not ctranslate2:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import signal
 import sys
 import time
+import typing
 from enum import Enum
 from pathlib import Path
 
@@ -15,6 +18,17 @@ from nmt_cli.commands.messages import usage_error
 from nmt_cli.commands.options import int_or_auto
 from nmt_cli.runtime import defaults
 from nmt_cli.runtime.precision import TrainPrecision
+from nmt_cli.training.config import (
+    COMPILE_SHAPES,
+    MODEL,
+    MODEL_OPTIONS,
+    PRESET_NAMES,
+    ModelOption,
+    Option,
+    TrainConfig,
+    declaration,
+    model_overrides,
+)
 
 _SUMMARY = "Train a Transformer on a prepared data directory"
 _HELP = (
@@ -45,177 +59,95 @@ Examples:
       --rdzv-endpoint HOST:29500 -m nmt_cli.cli train data/ende -o runs/big \\
       --preset big
 """
-# Option groups in --help
-_STOP, _SAVE, _VALID, _RECIPE, _MODEL, _MACHINE = (
-    "Stopping", "Checkpoints", "Validation", "Recipe", "Model (overrides the preset)", "Machine")
+CHILD_MAIN = "nmt_cli.training.launch:child_main"  # what the ranks nmt spawns run (distributed/spawn.py)
 
 
-class Preset(str, Enum):
-    tiny = "tiny"
-    base = "base"
-    big = "big"
+def _choice_enum(name: str, choices: tuple[str, ...]) -> type[Enum]:
+    return Enum(name, {c: c for c in choices}, type=str)
 
 
-class CompileShapes(str, Enum):  # training/config.py's COMPILE_SHAPES
-    buckets = "buckets"
-    dynamic = "dynamic"
+Preset = _choice_enum("Preset", PRESET_NAMES)
+CompileShapes = _choice_enum("CompileShapes", COMPILE_SHAPES)
+_ENUMS = {"preset": Preset, "precision": TrainPrecision, "compile_shapes": CompileShapes}  # choices' declared names
+_COMMAND_ONLY = {  # the command's own parameters (not recipe options), after DATA_DIR and -o
+    "config": (Path, typer.Option(None, "--config", metavar="FILE",
+                                  help="Read the recipe from this YAML file (a run's config.yaml, or what "
+                                       "--print-config prints); options given here override it.")),
+    "print_config": (bool, typer.Option(False, "--print-config",
+                                        help="Print the recipe a run would use as YAML (the preset's, with the "
+                                             "options given) and exit; DATA_DIR is not needed.")),
+}
+
+
+def _parameter(name: str, spec: Option, default, hint) -> inspect.Parameter:
+    """One typer parameter from a TrainConfig field's declaration (training/config.py)."""
+    if spec.choices:
+        hint, default = _ENUMS[name], _ENUMS[name](default)
+    elif spec.auto:
+        hint = str
+    elif spec.path:
+        hint = Path
+    else:
+        hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    show = spec.show_default if spec.show_default is not None else default is not None
+    common = dict(metavar=spec.metavar, help=spec.help, show_default=show)
+    if spec.flags == ("ARG",):
+        info = typer.Argument(default, **common)
+    else:
+        ranges = {k: v for k, v in (("min", spec.min), ("max", spec.max)) if v is not None}
+        info = typer.Option(default, *spec.flags, rich_help_panel=spec.panel, callback=int_or_auto if spec.auto
+                            else None, **ranges, **common)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=hint)
+
+
+def _model_parameter(name: str, spec: ModelOption) -> inspect.Parameter:
+    ranges = {k: v for k, v in (("min", spec.min), ("max", spec.max)) if v is not None}
+    info = typer.Option(None, spec.flag, metavar=spec.metavar, rich_help_panel=MODEL, help=spec.help,
+                        show_default=spec.show_default or True, **ranges)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=spec.type)
+
+
+def cli_parameters() -> list[inspect.Parameter]:
+    """`nmt train`'s parameters, in --help's order: every TrainConfig field declared with a flag, the command's own
+    --config and --print-config after -o, the model options (MODEL_OPTIONS) where TrainConfig.model is."""
+    hints = typing.get_type_hints(TrainConfig)
+    params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+    for f in dataclasses.fields(TrainConfig):
+        spec = declaration(f.name)
+        if f.name == "model":
+            params += [_model_parameter(name, m) for name, m in MODEL_OPTIONS.items()]
+        elif spec.flags:
+            params.append(_parameter(f.name, spec, f.default, hints[f.name]))
+        if f.name == "out_dir":
+            params += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=hint)
+                       for name, (hint, info) in _COMMAND_ONLY.items()]
+    return params
+
+
+def _options(values: dict) -> dict:
+    """TrainConfig's keyword arguments from the command line's values."""
+    options = {}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in values:
+            spec, value = declaration(f.name), values[f.name]
+            if isinstance(value, Enum):
+                value = value.value
+            elif isinstance(value, Path):
+                value = str(value)
+            options[f.name] = spec.from_cli(value) if spec.from_cli is not None else value
+    options["model"] = model_overrides(values)
+    return options
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("train", cls=usage("DATA_DIR -o RUN_DIR [OPTIONS]", "--config FILE [DATA_DIR] [-o RUN_DIR] [OPTIONS]",
-                                    "--print-config [--preset P] [OPTIONS]"),
-                 short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)
-    def train(
-        ctx: typer.Context,
-        data_dir: Path = typer.Argument(None, metavar="DATA_DIR", show_default=False,
-                                        help="Data directory written by nmt prepare (with --config: its data_dir "
-                                             "when not given)."),
-        output: Path = typer.Option(None, "-o", "--output", metavar="RUN_DIR", show_default=False,
-                                    help="Run directory for checkpoints and logs (with --config: its out_dir when "
-                                         "not given)."),
-        config: Path = typer.Option(None, "--config", metavar="FILE",
-                                    help="Read the recipe from this YAML file (a run's config.yaml, or what "
-                                         "--print-config prints); options given here override it."),
-        print_config: bool = typer.Option(False, "--print-config",
-                                          help="Print the recipe a run would use as YAML (the preset's, with the "
-                                               "options given) and exit; DATA_DIR is not needed."),
-        preset: Preset = typer.Option(Preset.base, "--preset", help="Model size and recipe defaults."),
-        init_from: str = typer.Option(
-            None, "--init-from", metavar="MODEL",
-            help="Fine-tune: start from this model's weights (a checkpoint, a MarianMT/OPUS-MT folder or "
-                 "hf:ORG/NAME) with a new optimizer, schedule and step count; its architecture is kept. Prepare "
-                 "DATA_DIR with nmt prepare --tokenizer-from MODEL."),
-        seed: int = typer.Option(1, "--seed", metavar="N", help="Random seed."),
-        max_steps: int = typer.Option(None, "--max-steps", min=1, metavar="N", rich_help_panel=_STOP,
-                                      show_default="tiny 30000, base 100000, big 300000",
-                                      help="Stop after N updates."),
-        max_epochs: int = typer.Option(None, "--max-epochs", min=1, metavar="N", rich_help_panel=_STOP,
-                                       help="Stop after N epochs."),
-        max_time: float = typer.Option(None, "--max-time", min=0.01, metavar="MINUTES", rich_help_panel=_STOP,
-                                       help="Stop after this many minutes of training."),
-        patience: int = typer.Option(None, "--patience", min=1, metavar="N", rich_help_panel=_STOP,
-                                     help="Stop after N validations without improvement."),
-        save_every: int = typer.Option(
-            None, "--save-every", min=1, metavar="N", rich_help_panel=_SAVE,
-            show_default="tiny 1000, base 1400, big 600; a shorter run: max-steps / (4 x --average-last), at least 50",
-            help="Save a checkpoint every N updates (base and big: the paper's 10 minutes at its speed)."),
-        save_every_minutes: float = typer.Option(
-            None, "--save-every-minutes", min=0.01, metavar="MINUTES", rich_help_panel=_SAVE,
-            show_default="none; with --max-time: max-time / (4 x --average-last), from 0.5 to 10",
-            help="Also save a checkpoint every this many minutes."),
-        keep_last: int = typer.Option(None, "--keep-last", min=1, metavar="K", rich_help_panel=_SAVE,
-                                      show_default="max(5, --average-last)",
-                                      help="Keep the last K checkpoint_<step>.pt files."),
-        average_last: int = typer.Option(None, "--average-last", min=1, metavar="N", rich_help_panel=_SAVE,
-                                         show_default="5; big 20 (the paper)",
-                                         help="At the end, write averaged.pt from the last N checkpoints."),
-        average: bool = typer.Option(True, "--average/--no-average", rich_help_panel=_SAVE,
-                                     help="Write averaged.pt at the end."),
-        resume: bool = typer.Option(None, "--resume/--no-resume", rich_help_panel=_SAVE,
-                                    show_default="resume when RUN_DIR holds checkpoint_last.pt",
-                                    help="Resume from RUN_DIR/checkpoint_last.pt, or start afresh."),
-        valid_every: int = typer.Option(None, "--valid-every", min=1, metavar="N", rich_help_panel=_VALID,
-                                        show_default="at the checkpoints by updates (--save-every), at least "
-                                                     "200 apart",
-                                        help="Validate every N updates (and at the end)."),
-        valid_every_minutes: float = typer.Option(
-            None, "--valid-every-minutes", min=0.01, metavar="MINUTES", rich_help_panel=_VALID,
-            show_default="none; a run that saves by time: at those checkpoints, at least 5 minutes apart",
-            help="Also validate every this many minutes."),
-        valid_bleu: bool = typer.Option(False, "--valid-bleu", rich_help_panel=_VALID,
-                                        help="Also compute validation BLEU (beam search); best = highest BLEU."),
-        lang_temperature: float = typer.Option(
-            5.0, "--lang-temperature", min=0.01, metavar="T", rich_help_panel=_RECIPE,
-            help="Multilingual data: each direction's share of the training pairs by its size to the power 1/T (1: "
-                 "as the data is; higher: more even; 5 as M2M-100 and Arivazhagan et al. 2019). The smaller "
-                 "directions are repeated, the larger never cut."),
-        valid_beam: int = typer.Option(defaults.BEAM, "--valid-beam", min=1, metavar="N", rich_help_panel=_VALID,
-                                       help="Beam size for --valid-bleu."),
-        lr: float = typer.Option(None, "--lr", min=0.0, metavar="LR", rich_help_panel=_RECIPE,
-                                 show_default="d_model^-0.5 * warmup^-0.5", help="Peak learning rate."),
-        warmup: int = typer.Option(None, "--warmup", min=1, metavar="N", rich_help_panel=_RECIPE,
-                                   show_default="tiny 400, base and big 4000", help="Warmup updates."),
-        max_tokens: str = typer.Option(
-            None, "--max-tokens", callback=int_or_auto, metavar="N|auto", rich_help_panel=_RECIPE,
-            show_default="what holds the update's real tokens / processes, at most 8192 on CPU (tiny 2048)",
-            help="Padded tokens per micro-batch per process; auto: the largest that fits the GPU, probed at the "
-                 "start (on CPU: the default)."),
-        update_freq: str = typer.Option("auto", "--update-freq", callback=int_or_auto, metavar="N|auto",
-                                        rich_help_panel=_RECIPE,
-                                        help="Micro-batches per process per update, or auto to reach "
-                                             "--update-tokens. Processes x update-freq fixes the update: 1 GPU with "
-                                             "--update-freq 8 trains on the batches of 8 GPUs with 1."),
-        update_tokens: int = typer.Option(None, "--update-tokens", min=1, metavar="N", rich_help_panel=_RECIPE,
-                                          show_default="25000; tiny 2048",
-                                          help="Real (unpadded) target tokens per update, as the loss counts them."),
-        clip_norm: float = typer.Option(0.0, "--clip-norm", min=0.0, metavar="NORM", rich_help_panel=_RECIPE,
-                                        help="Clip the gradient norm (0: off)."),
-        label_smoothing: float = typer.Option(0.1, "--label-smoothing", min=0.0, max=0.99, metavar="EPSILON",
-                                              rich_help_panel=_RECIPE, help="Label smoothing."),
-        d_model: int = typer.Option(None, "--d-model", min=1, metavar="N", rich_help_panel=_MODEL,
-                                    help="Model width."),
-        d_ff: int = typer.Option(None, "--d-ff", min=1, metavar="N", rich_help_panel=_MODEL,
-                                 help="Feed-forward width."),
-        heads: int = typer.Option(None, "--heads", min=1, metavar="N", rich_help_panel=_MODEL,
-                                  help="Attention heads."),
-        layers: int = typer.Option(None, "--layers", min=1, metavar="N", rich_help_panel=_MODEL,
-                                   help="Encoder and decoder layers."),
-        encoder_layers: int = typer.Option(None, "--encoder-layers", min=1, metavar="N", rich_help_panel=_MODEL,
-                                           help="Encoder layers."),
-        decoder_layers: int = typer.Option(None, "--decoder-layers", min=1, metavar="N", rich_help_panel=_MODEL,
-                                           help="Decoder layers."),
-        dropout: float = typer.Option(None, "--dropout", min=0.0, max=0.99, metavar="P", rich_help_panel=_MODEL,
-                                      help="Dropout (P_drop)."),
-        attention_dropout: float = typer.Option(None, "--attention-dropout", min=0.0, max=0.99, metavar="P",
-                                                rich_help_panel=_MODEL, show_default="0",
-                                                help="Dropout on attention weights."),
-        gpus: int = typer.Option(None, "--gpus", min=0, metavar="N", rich_help_panel=_MACHINE,
-                                 show_default="1 if CUDA is available, else 0: CPU",
-                                 help="GPUs, one process each (NCCL)."),
-        cpu_procs: int = typer.Option(1, "--cpu-procs", min=1, metavar="N", rich_help_panel=_MACHINE,
-                                      help="Processes on CPU, over gloo (tests, CI)."),
-        precision: TrainPrecision = typer.Option(
-            TrainPrecision.auto, "--precision", rich_help_panel=_MACHINE,
-            help="auto: bf16 where the hardware runs it natively (GPUs of compute capability 8.0 or later, CPUs "
-                 "with AMX or AVX512-BF16), fp16 on older GPUs, else fp32."),
-        compile: bool = typer.Option(False, "--compile", rich_help_panel=_MACHINE, help="Use torch.compile."),
-        compile_shapes: CompileShapes = typer.Option(
-            CompileShapes.buckets, "--compile-shapes", rich_help_panel=_MACHINE,
-            help="With --compile: buckets pads every batch to one of a few shapes (each compiled once); dynamic "
-                 "compiles once for any shape (no padding beyond the batch's longest sentence, but far slower than "
-                 "eager: see docs/train.md)."),
-        threads: int = typer.Option(None, "--threads", min=1, metavar="N", rich_help_panel=_MACHINE,
-                                    show_default="the free cores / processes",
-                                    help="Torch threads per process (default: the cores not busy with other "
-                                         "work, shared by its processes; one process counts again every 15 s)."),
-        dist_timeout: float = typer.Option(
-            5.0, "--dist-timeout", min=0.01, metavar="MINUTES", rich_help_panel=_MACHINE,
-            help="With several processes: when one stops answering (dead, stopped, hung node) for this long, the "
-                 "others end the run with one line naming it (torchrun --max-restarts then restarts it)."),
-        log_every: int = typer.Option(100, "--log-every", min=1, metavar="N", rich_help_panel=_MACHINE,
-                                      help="Updates between log lines."),
-    ) -> None:
+    def train(ctx: typer.Context, **values) -> None:
+        config, print_config = values["config"], values["print_config"]
         from nmt_cli.runtime import cpus
         from nmt_cli.training import recipe_file
-        from nmt_cli.training.config import TrainConfig
-        from nmt_cli.training.spawn import Ranks, early_world_size
+        from nmt_cli.training.distributed.spawn import Ranks, early_world_size
 
-        model = {"d_model": d_model, "d_ff": d_ff, "n_heads": heads, "dropout": dropout,
-                 "attention_dropout": attention_dropout,
-                 "encoder_layers": encoder_layers or layers, "decoder_layers": decoder_layers or layers}
-        options = dict(
-            data_dir=None if data_dir is None else str(data_dir), out_dir=None if output is None else str(output),
-            preset=preset.value, init_from=init_from, model={k: v for k, v in model.items() if v is not None},
-            lr=lr or None, warmup=warmup, label_smoothing=label_smoothing, clip_norm=clip_norm,
-            max_tokens=max_tokens, update_freq=update_freq, update_tokens=update_tokens,
-            max_steps=max_steps, max_epochs=max_epochs, max_time=max_time, patience=patience,
-            save_every=save_every, save_every_minutes=save_every_minutes, keep_last=keep_last,
-            average_last=average_last, average=average, resume=resume, valid_every=valid_every,
-            valid_every_minutes=valid_every_minutes, valid_bleu=valid_bleu,
-            valid_beam=valid_beam, lang_temperature=lang_temperature, precision=precision.value, gpus=gpus, cpu_procs=cpu_procs, threads=threads,
-            compile=compile, compile_shapes=compile_shapes.value, seed=seed, log_every=log_every,
-            dist_timeout=dist_timeout,
-        )
+        options = _options(values)
+
         if config is not None:
             options = _over_file(recipe_file.read(config), options, _typed_options(ctx))
         if print_config:
@@ -228,10 +160,10 @@ def register(app: typer.Typer) -> None:
         if options["threads"] is None:
             cpus.start()  # the free cores, sampled while the run is planned
         ranks, world = None, early_world_size(options["gpus"], options["cpu_procs"])
-        if world is not None:  # the other processes start first: their imports overlap this one's (spawn.py)
+        if world is not None:  # the other processes start first: their imports overlap this one's (distributed/spawn.py)
             if options["threads"] is None:
                 cpus.start().others_busy()  # (the free cores, counted before they load them)
-            ranks = Ranks(world)
+            ranks = Ranks(world, CHILD_MAIN)  # (launch.CHILD_MAIN, named here without importing torch)
         try:
             from nmt_cli.training.launch import train as run_training
         except BaseException:
@@ -265,10 +197,11 @@ def register(app: typer.Typer) -> None:
                          "run the same command to resume")
             raise typer.Exit(128 + result.signum)
 
-
-_OPTION_FIELD = {"output": "out_dir"}  # command-line parameters named otherwise than their TrainConfig field
-_MODEL_OPTIONS = ("d_model", "d_ff", "heads", "layers", "encoder_layers", "decoder_layers", "dropout",
-                  "attention_dropout")  # go to TrainConfig.model, where they are given only when typed
+    train.__signature__ = inspect.Signature(cli_parameters())
+    train.__annotations__ = {p.name: p.annotation for p in train.__signature__.parameters.values()}
+    app.command("train", cls=usage("DATA_DIR -o RUN_DIR [OPTIONS]", "--config FILE [DATA_DIR] [-o RUN_DIR] [OPTIONS]",
+                                   "--print-config [--preset P] [OPTIONS]"),
+                short_help=_SUMMARY, help=_HELP, epilog=_EPILOG)(train)
 
 
 def _typed_options(ctx: typer.Context) -> set[str]:
@@ -276,8 +209,8 @@ def _typed_options(ctx: typer.Context) -> set[str]:
     typed = set()
     for name in ctx.params:
         source = ctx.get_parameter_source(name)
-        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP") and name not in _MODEL_OPTIONS:
-            typed.add(_OPTION_FIELD.get(name, name))
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP") and name not in MODEL_OPTIONS:
+            typed.add(name)
     return typed
 
 
@@ -319,7 +252,6 @@ def _fmt_valid(e: dict) -> str:
     return text + (f"  (best {e['criterion']} so far)" if e.get("improved") else "")
 
 
-TRAIN_LOG = "train.log"
 
 
 class Display:
@@ -381,6 +313,8 @@ class Display:
             self.line(_fmt_overhead(e))
 
     def _start(self, e: dict) -> None:
+        from nmt_cli.training.files import TRAIN_LOG
+
         self.log_path = Path(e["out_dir"]) / TRAIN_LOG
         where = f"{e['world_size']} x {e['device']}" if e["world_size"] > 1 else e["device"]
         if e.get("stale_tmp_removed"):

@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
         shortlist: bool = OPTIONS["shortlist"](),
         shortlist_size: int = OPTIONS["shortlist_size"](),
     ) -> None:
-        from nmt_cli.checkpoints.atomic import atomic_write
+        from nmt_cli.atomic import atomic_write
         from nmt_cli.commands.messages import note_line, usage_error, warning_line
         from nmt_cli.inference import translate as core
         from nmt_cli.runtime import cpus

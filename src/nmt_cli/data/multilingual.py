@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt_cli.checkpoints import atomic
+from nmt_cli import atomic
 from nmt_cli.data import readers
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
 from nmt_cli.data.hub_corpora import Progress

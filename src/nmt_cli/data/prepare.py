@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt_cli.checkpoints import atomic
+from nmt_cli import atomic
 from nmt_cli.data import corpora, multilingual, readers, shortlist
 from nmt_cli.data import sample_corpus as sample
 from nmt_cli.data.clean import CleanConfig, CleanCounts, Normalizer, length_mask, text_filter
@@ -259,7 +259,7 @@ def _learn_bpe(opts: PrepareOptions, plan: _Plan, totals: dict[str, int], out: P
 def _model_tokenizer(model: str, out: Path) -> Tokenizer:
     """Step 2 with --tokenizer-from: the tokenizer of `model` (a checkpoint, a MarianMT folder or hf:...), written
     into OUT as nmt train reads it (spm.model; for an imported tokenizer spm.target.model and vocab.json too)."""
-    from nmt_cli.checkpoints import pretrained
+    from nmt_cli.importers import pretrained
 
     tok = pretrained.load(model)[0].tokenizer_obj()
     atomic.write_bytes(out / SPM_MODEL, tok.model_bytes)

@@ -166,7 +166,7 @@ FILE = "shortlist.pt"  # a prepared data directory's shortlist (nmt prepare writ
 
 def save(shortlist: Shortlist, path) -> None:
     """Write `shortlist` to `path` atomically (torch.save of plain tensors)."""
-    from nmt_cli.checkpoints.atomic import atomic_write
+    from nmt_cli.atomic import atomic_write
 
     data = shortlist.to_dict()
     atomic_write(path, lambda f: torch.save(data, f))

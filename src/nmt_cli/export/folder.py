@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from nmt_cli.checkpoints.atomic import os_error_behind, owner_gone, owner_tag
+from nmt_cli.atomic import os_error_behind, owner_gone, owner_tag
 from nmt_cli.errors import ConfigError
 
 

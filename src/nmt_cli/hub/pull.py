@@ -124,7 +124,7 @@ def _pull_marian(ref: HubRef, offline: bool, why: str) -> Path | None:
     hub cache, or None when its config.json is not a MarianMT one."""
     import huggingface_hub as hf
 
-    from nmt_cli.checkpoints import marian
+    from nmt_cli.importers import marian
 
     config = HubRef(ref.repo, "config.json", ref.revision)
     try:

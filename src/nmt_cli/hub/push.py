@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nmt_cli import __version__
+from nmt_cli.atomic import owner_gone, owner_tag
 from nmt_cli.checkpoints import format as ckpt_io
-from nmt_cli.checkpoints.atomic import owner_gone, owner_tag
 from nmt_cli.errors import ConfigError, DownloadError
 from nmt_cli.hub import client as hubclient
 from nmt_cli.hub.pull import DEFAULT_FILE, PREFIX, REPO, is_hub_ref

@@ -22,7 +22,7 @@ from typing import BinaryIO, NamedTuple
 import torch
 
 from nmt_cli import languages, segments
-from nmt_cli.checkpoints import averaging, marian, pretrained
+from nmt_cli.checkpoints import averaging
 from nmt_cli.checkpoints import format as ckpt_io
 from nmt_cli.config import EOS_ID
 from nmt_cli.data import shortlist as shortlist_data
@@ -34,6 +34,7 @@ from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
 from nmt_cli.decoding.streams import decode_streams
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.hub import pull as hub
+from nmt_cli.importers import marian, pretrained
 from nmt_cli.inference.ensemble import Ensemble
 from nmt_cli.lines import iter_lines
 from nmt_cli.runtime import defaults

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 WINDOW_S = 0.2  # long enough to see a busy neighbour (scheduler ticks are 1-10 ms), short against any command
@@ -68,7 +69,11 @@ def core_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def _snapshot(cpus: set[int]) -> tuple[float, float, float] | None:
+Snapshot = tuple[float, float, float]  # (busy, total) ticks of the CPUs watched, and this process's own ticks
+Snapshotter = Callable[[set[int]], "Snapshot | None"]
+
+
+def _snapshot(cpus: set[int]) -> Snapshot | None:
     """(busy, total) ticks of the CPUs `cpus` and this process's own ticks, now; None without /proc/stat."""
     try:
         with open("/proc/stat", encoding="ascii") as f:
@@ -89,23 +94,30 @@ def _others_busy(first, second, cores: int) -> float:
     return max(0.0, (busy - own) / total * cores)
 
 
-class Sampler:
-    """Measures the other processes' load on this process's CPUs over WINDOW_S, from the moment it is made."""
+def _own_cpus() -> set[int]:
+    return set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(core_count()))
 
-    def __init__(self, window_s: float = WINDOW_S):
-        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(core_count()))
+
+class Sampler:
+    """Measures the other processes' load on this process's CPUs over WINDOW_S, from the moment it is made.
+    `snapshot` and `sleep` are /proc/stat's reading and the window's wait (tests give counters of their own)."""
+
+    def __init__(self, window_s: float = WINDOW_S, snapshot: Snapshotter = _snapshot,
+                 sleep: Callable[[float], None] = time.sleep, cpus: set[int] | None = None):
+        self.cpus = _own_cpus() if cpus is None else set(cpus)
         self.window_s = window_s
+        self._snap, self._sleep = snapshot, sleep
         self._result: float | None = None
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
 
     def _sample(self) -> None:
-        first = _snapshot(self.cpus)
+        first = self._snap(self.cpus)
         if first is None:
             self._result = 0.0
             return
-        time.sleep(self.window_s)
-        self._result = _others_busy(first, _snapshot(self.cpus), len(self.cpus))
+        self._sleep(self.window_s)
+        self._result = _others_busy(first, self._snap(self.cpus), len(self.cpus))
 
     def others_busy(self) -> float:
         """Cores' worth of other processes' work during the window (waits for the window to end)."""
@@ -138,17 +150,19 @@ class Watch:
     start and never revisited runs slow when a neighbour comes or goes
     (docs/results-history.md#threads-on-a-busy-machine-the-results-page-until-2026-11-26). A look is one read of /proc/stat, no waiting: the window is the time since the last look."""
 
-    def __init__(self, every_s: float | None = None):
-        self.cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set(range(core_count()))
+    def __init__(self, every_s: float | None = None, snapshot: Snapshotter = _snapshot,
+                 clock: Callable[[], float] = time.monotonic, cpus: set[int] | None = None):
+        self.cpus = _own_cpus() if cpus is None else set(cpus)
         self.every_s = RECHECK_S if every_s is None else every_s
-        self._last, self._at = _snapshot(self.cpus), time.monotonic()
+        self._snap, self._clock = snapshot, clock
+        self._last, self._at = snapshot(self.cpus), clock()
 
     def poll(self, current: int) -> ThreadChoice | None:
         """A new choice when it differs from `current` threads (and a look is due), else None."""
-        now = time.monotonic()
+        now = self._clock()
         if now - self._at < self.every_s or self._last is None:
             return None
-        snap = _snapshot(self.cpus)
+        snap = self._snap(self.cpus)
         others = _others_busy(self._last, snap, len(self.cpus))
         self._last, self._at = snap, now
         choice = choose(len(self.cpus), others)

@@ -1,7 +1,7 @@
 """Precisions and devices, in one place for training and inference: the precision table, its enum, the device
 rule and the hardware checks (native bf16 on this CPU or GPU) that `nmt train` and `nmt translate` both apply.
 
-Training (training/runtime.py) and inference (translate.py) import this module; it imports neither. torch is
+Training (training/distributed/process.py) and inference (translate.py) import this module; it imports neither. torch is
 imported only inside the functions, so that `nmt --help` (which builds the options' choices from this table) starts
 without it.
 """

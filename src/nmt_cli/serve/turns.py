@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 QUANTUM_S = 0.01  # a turn's least length (the module docstring)
 
@@ -24,7 +25,8 @@ QUANTUM_S = 0.01  # a turn's least length (the module docstring)
 class Turns:
     """The turn to decode a step, shared fairly between searches (any hashable object names one)."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock  # seconds (tests give a clock of their own)
         self.cond = threading.Condition()
         self.served: dict[object, float] = {}  # active search -> its decoding seconds per request served so far
         self.asking: set[object] = set()  # active searches waiting for the turn
@@ -36,7 +38,7 @@ class Turns:
     def take(self, who: object, requests: int) -> None:
         """End `who`'s turn if it holds one (charging its time to it), then wait for its next turn; `requests`: the
         requests its next step serves (1 or more)."""
-        now = time.perf_counter()
+        now = self.clock()
         with self.cond:
             if self.holder is who:
                 self._charge(now)
@@ -52,11 +54,11 @@ class Turns:
                 self.cond.wait()
             self.asking.discard(who)
             self.holder, self.weight = who, max(1, requests)
-            self.since = self.began = time.perf_counter()
+            self.since = self.began = self.clock()
 
     def leave(self, who: object) -> None:
         """`who` stops decoding (no work, or its search ended): its turn, if it holds one, goes to the next."""
-        now = time.perf_counter()
+        now = self.clock()
         with self.cond:
             if self.holder is who:
                 self._charge(now)

@@ -1,3 +1,3 @@
 """Training: planning (plan.py), processes (launch.py), one process's trainer (loop.py) over its data reader
-(reader.py), validation (validate.py) and checkpoints (checkpoints.py); loss, schedule, runtime (devices, precision,
+(reader.py), validation (validate.py) and checkpoints (checkpoint_manager.py); loss, schedule, runtime (devices, precision,
 process groups), signals and metrics."""

@@ -1,6 +1,11 @@
-"""Training configuration: one dataclass, per-preset recipe defaults, and resolution against the machine.
+"""Training configuration: every option of `nmt train` declared once, as a field of `TrainConfig`.
 
-Options left at None take the preset's recipe default (`RECIPES`) when the run is planned; the resolved values
+A field's declaration (`option(...)`) holds its type and default, its default per preset (`per_preset`), its help
+text, its command-line flag and help group, and its place in the recipe file (`section`). From it come the
+command-line options (commands/train.py: `cli_parameters`), `--print-config`, `RUN_DIR/config.yaml` and
+`--config` (recipe_file.py), `config.json` (plan.py) and the checks of `TrainConfig.validate`.
+
+Options left at None take the preset's recipe default (`recipe`) when the run is planned; the resolved values
 are what `config.json` records beside the checkpoints.
 """
 
@@ -10,27 +15,22 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from nmt_cli.config import PRESETS
 from nmt_cli.errors import ConfigError
 from nmt_cli.runtime import defaults
 from nmt_cli.runtime.precision import TRAIN_PRECISIONS
 
 # The paper's batch: ~25000 source + ~25000 target tokens per update (8 GPUs together), counted as real tokens.
 PAPER_UPDATE_TOKENS = 25000
+PRESET_NAMES = tuple(PRESETS)  # the model sizes (nmt_cli/config.py)
 
-# Recipe defaults per model preset. base/big are the paper's; tiny is tuned for minutes-long CPU runs on the
-# sample corpus (a short warmup and small updates learn it in a few hundred updates, where the paper's settings
-# are still warming up).
+# Per-preset recipe values (the fields' `per_preset`): base/big are the paper's; tiny is tuned for minutes-long CPU
+# runs on the sample corpus (a short warmup and small updates learn it in a few hundred updates, where the paper's
+# settings are still warming up).
 # Checkpoints: the paper wrote one every 10 minutes on 8 P100s and averaged the last 5 (base) / 20 (big): at its
 # speed (base 100k updates in 12 hours, big 300k in 3.5 days) that is about every 1,400 and 600 updates. Saving by
 # updates keeps the averaged window the paper's on any hardware (10 minutes on a current GPU is many more updates).
-RECIPES: dict[str, dict] = {
-    "tiny": dict(warmup=400, update_tokens=2048, max_steps=30000, cpu_max_tokens=2048, save_every=1000,
-                 average_last=5),
-    "base": dict(warmup=4000, update_tokens=PAPER_UPDATE_TOKENS, max_steps=100000, cpu_max_tokens=8192,
-                 save_every=1400, average_last=5),
-    "big": dict(warmup=4000, update_tokens=PAPER_UPDATE_TOKENS, max_steps=300000, cpu_max_tokens=8192,
-                save_every=600, average_last=20),
-}
+CPU_MAX_TOKENS = {"tiny": 2048, "base": 8192, "big": 8192}  # the default micro-batch's cap on CPU (not an option)
 AVERAGED_SHARE = 4  # a run shorter than the preset's saves at least 4 x average_last times: its average covers
 # at most its last quarter (the paper's base average covers the last 7%)
 # Floors on the intervals nmt chooses itself, so that saving and validating cost a run a few percent of its time
@@ -40,94 +40,234 @@ MIN_VALID_EVERY = 200  # updates between validations, at least (--valid-every is
 # costs several updates' time, a save a fraction of one
 MIN_SAVE_MINUTES = 0.5  # minutes between checkpoints by time, at least (--save-every-minutes is taken as given)
 VALID_MINUTES = 5.0  # minutes between validations by time, at least (--valid-every-minutes is taken as given)
+KEEP_AT_LEAST = 5  # periodic checkpoints kept by default: max(5, average_last)
 
 # Model options a user may override on the command line (ModelConfig field names).
 MODEL_OVERRIDES = ("d_model", "d_ff", "n_heads", "encoder_layers", "decoder_layers", "dropout",
                    "attention_dropout", "activation_dropout", "max_positions", "norm_first", "share_embeddings")
 FINE_TUNE_OVERRIDES = ("dropout", "attention_dropout", "activation_dropout")  # what --init-from lets a run change
+COMPILE_SHAPES = ("buckets", "dynamic")  # how --compile meets changing batch shapes (training/loop.py)
+
+# Help groups of `nmt train --help` (typer's rich_help_panel)
+STOP, SAVE, VALID, RECIPE, MODEL, MACHINE = (
+    "Stopping", "Checkpoints", "Validation", "Recipe", "Model (overrides the preset)", "Machine")
+
+
+@dataclass(frozen=True)
+class Option:
+    """What one TrainConfig field is to the command line and to the recipe file (see `option`)."""
+
+    help: str
+    section: str  # the recipe file's: "top", "recipe", "data", "machine"; "" (not in the file) or "model"
+    flags: tuple[str, ...] = ()  # command-line names; () for none; ("ARG",) for the positional argument
+    panel: str | None = None  # help group
+    metavar: str | None = None
+    min: float | None = None  # the least value (the command line's range and `validate`'s "must be positive")
+    max: float | None = None
+    show_default: str | None = None  # the help's [default: ...] where the default is not a single value
+    per_preset: dict | None = None  # preset -> the value a None stands for (`recipe`)
+    choices: tuple[str, ...] | None = None
+    auto: bool = False  # the command line's N|auto (an integer or the word auto)
+    note: str | None = None  # the recipe file's comment on the value (how a null or auto is decided)
+    not_in_file: str | None = None  # why a file may not set it (the refusal's hint)
+    from_cli: object = None  # the command line's value -> the field's (None: as it is)
+    path: bool = False  # the command line reads a path (normalised as pathlib does: `runs/x/` is `runs/x`)
+
+
+@dataclass(frozen=True)
+class ModelOption:
+    """A command-line option that overrides the preset's model (TrainConfig.model): the ModelConfig fields it sets
+    (a later, more specific option wins: --encoder-layers over --layers)."""
+
+    flag: str
+    help: str
+    type: type = int
+    fields: tuple[str, ...] = ()
+    metavar: str = "N"
+    min: float = 1
+    max: float | None = None
+    show_default: str | None = None
+
+
+MODEL_OPTIONS: dict[str, ModelOption] = {
+    "d_model": ModelOption("--d-model", "Model width.", fields=("d_model",)),
+    "d_ff": ModelOption("--d-ff", "Feed-forward width.", fields=("d_ff",)),
+    "heads": ModelOption("--heads", "Attention heads.", fields=("n_heads",)),
+    "layers": ModelOption("--layers", "Encoder and decoder layers.", fields=("encoder_layers", "decoder_layers")),
+    "encoder_layers": ModelOption("--encoder-layers", "Encoder layers.", fields=("encoder_layers",)),
+    "decoder_layers": ModelOption("--decoder-layers", "Decoder layers.", fields=("decoder_layers",)),
+    "dropout": ModelOption("--dropout", "Dropout (P_drop).", float, ("dropout",), "P", 0.0, 0.99),
+    "attention_dropout": ModelOption("--attention-dropout", "Dropout on attention weights.", float,
+                                     ("attention_dropout",), "P", 0.0, 0.99, show_default="0"),
+}
+
+
+def model_overrides(values: dict) -> dict:
+    """TrainConfig.model from the model options' values (name -> value or None; MODEL_OPTIONS' order: later
+    options win)."""
+    model = {}
+    for name, spec in MODEL_OPTIONS.items():
+        if values.get(name) is not None:
+            model.update(dict.fromkeys(spec.fields, values[name]))
+    return model
+
+
+def option(default, help: str, section: str = "recipe", *, factory=None, **kw):
+    """A TrainConfig field and its declaration (`Option`)."""
+    meta = {"option": Option(help, section, **kw)}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _per_preset(tiny, base, big) -> dict:
+    return {"tiny": tiny, "base": base, "big": big}
 
 
 @dataclass
 class TrainConfig:
-    """Everything `nmt train` accepts. None = the preset's recipe default (see RECIPES and `resolve_*`)."""
+    """Everything `nmt train` accepts, each option declared once (`option`). None = the preset's recipe default
+    (`per_preset`, `recipe` and the `resolve_*` functions). The fields are in the order of `nmt train --help`."""
 
-    data_dir: str
-    out_dir: str
-    preset: str = "base"
-    model: dict = field(default_factory=dict)  # ModelConfig overrides, e.g. {"d_model": 256}
-    init_from: str | None = None  # start from these weights (checkpoint, MarianMT folder, hf:...): fine-tuning
-    # optimisation (Adam(0.9, 0.98, 1e-9), inverse-square-root schedule, label smoothing 0.1)
-    lr: float | None = None  # peak learning rate; None = d_model^-0.5 * warmup^-0.5 (the paper's formula)
-    warmup: int | None = None
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    label_smoothing: float = 0.1
-    clip_norm: float = 0.0  # 0 = no clipping
-    # batching
-    max_tokens: int | str | None = None  # padded source (and target) tokens per micro-batch per process; "auto":
-    # the largest that fits the GPU, probed at the start (training/probe.py); on CPU the default
-    update_freq: int | str = "auto"  # micro-batches accumulated per update, or "auto" (reach update_tokens)
-    update_tokens: int | None = None  # real (unpadded) target tokens per update (the paper: 25000); sizes the
-    # default max_tokens and update_freq "auto"
+    data_dir: str = option(None, "Data directory written by nmt prepare (with --config: its data_dir when not "
+                           "given).", "data", flags=("ARG",), metavar="DATA_DIR", path=True)
+    out_dir: str = option(None, "Run directory for checkpoints and logs (with --config: its out_dir when not "
+                          "given).", "top", flags=("-o", "--output"), metavar="RUN_DIR", path=True)
+    preset: str = option("base", "Model size and recipe defaults.", "top", flags=("--preset",),
+                         choices=PRESET_NAMES)
+    init_from: str | None = option(
+        None, "Fine-tune: start from this model's weights (a checkpoint, a MarianMT/OPUS-MT folder or hf:ORG/NAME) "
+        "with a new optimizer, schedule and step count; its architecture is kept. Prepare DATA_DIR with nmt prepare "
+        "--tokenizer-from MODEL.", "top", flags=("--init-from",), metavar="MODEL")
+    seed: int = option(1, "Random seed.", flags=("--seed",), metavar="N")
     # stopping
-    max_steps: int | None = None
-    max_epochs: int | None = None
-    max_time: float | None = None  # minutes of training (cumulative over resumes)
-    patience: int | None = None  # validations without improvement before stopping
+    max_steps: int | None = option(None, "Stop after N updates.", flags=("--max-steps",), panel=STOP, metavar="N",
+                                   min=1, per_preset=_per_preset(30000, 100000, 300000),
+                                   show_default="tiny 30000, base 100000, big 300000")
+    max_epochs: int | None = option(None, "Stop after N epochs.", flags=("--max-epochs",), panel=STOP, metavar="N",
+                                    min=1, note="no limit")
+    max_time: float | None = option(None, "Stop after this many minutes of training.", flags=("--max-time",),
+                                    panel=STOP, metavar="MINUTES", min=0.01,
+                                    note="no limit (minutes of training, over all resumes)")
+    patience: int | None = option(None, "Stop after N validations without improvement.", flags=("--patience",),
+                                  panel=STOP, metavar="N", min=1, note="no limit")
     # checkpoints
-    save_every: int | None = None  # updates; None: the preset's (resolve_save_every)
-    save_every_minutes: float | None = None  # None: none by time, or with max_time: resolve_save_minutes
-    keep_last: int | None = None  # periodic checkpoints kept; None: max(5, average_last)
-    average_last: int | None = None  # write averaged.pt from the last N checkpoints at the end; None: the preset's
-    average: bool = True  # False (--no-average): no averaged.pt
-    resume: bool | None = None  # None: resume when out_dir has checkpoint_last.pt
+    save_every: int | None = option(
+        None, "Save a checkpoint every N updates (base and big: the paper's 10 minutes at its speed).",
+        flags=("--save-every",), panel=SAVE, metavar="N", min=1, per_preset=_per_preset(1000, 1400, 600),
+        show_default="tiny 1000, base 1400, big 600; a shorter run: max-steps / (4 x --average-last), at least 50",
+        note="a run too short for 4 x average_last of them: max_steps / (4 x average_last), at least 50")
+    save_every_minutes: float | None = option(
+        None, "Also save a checkpoint every this many minutes.", flags=("--save-every-minutes",), panel=SAVE,
+        metavar="MINUTES", min=0.01, show_default="none; with --max-time: max-time / (4 x --average-last), from 0.5 "
+        "to 10")
+    keep_last: int | None = option(None, "Keep the last K checkpoint_<step>.pt files.", flags=("--keep-last",),
+                                   panel=SAVE, metavar="K", min=1, show_default="max(5, --average-last)",
+                                   note="max(5, average_last)")
+    average_last: int | None = option(
+        None, "At the end, write averaged.pt from the last N checkpoints.", flags=("--average-last",), panel=SAVE,
+        metavar="N", min=1, per_preset=_per_preset(5, 5, 20), show_default="5; big 20 (the paper)",
+        note="fewer where a run's last quarter holds fewer checkpoints (the run's header says so)")
+    average: bool = option(True, "Write averaged.pt at the end.", flags=("--average/--no-average",), panel=SAVE)
+    resume: bool | None = option(None, "Resume from RUN_DIR/checkpoint_last.pt, or start afresh.", "",
+                                 flags=("--resume/--no-resume",), panel=SAVE,
+                                 show_default="resume when RUN_DIR holds checkpoint_last.pt",
+                                 not_in_file="whether to resume is decided by each command (--resume/--no-resume); "
+                                 "remove it")
     # validation
-    valid_every: int | None = None  # updates; None: at every checkpoint saved by updates (resolve_valid_every)
-    valid_every_minutes: float | None = None  # None: none by time, or at the checkpoints by time, at least
-    # VALID_MINUTES apart, when the run saves by time (resolve_valid_minutes)
-    valid_bleu: bool = False
-    valid_beam: int = defaults.BEAM
+    valid_every: int | None = option(None, "Validate every N updates (and at the end).", flags=("--valid-every",),
+                                     panel=VALID, metavar="N", min=1,
+                                     show_default="at the checkpoints by updates (--save-every), at least 200 apart")
+    valid_every_minutes: float | None = option(
+        None, "Also validate every this many minutes.", flags=("--valid-every-minutes",), panel=VALID,
+        metavar="MINUTES", min=0.01,
+        show_default="none; a run that saves by time: at those checkpoints, at least 5 minutes apart")
+    valid_bleu: bool = option(False, "Also compute validation BLEU (beam search); best = highest BLEU.",
+                              flags=("--valid-bleu",), panel=VALID)
     # multilingual data
-    lang_temperature: float = 5.0  # directions sampled by size ** (1 / T) (data/multilingual.py); 1: as the data is
+    lang_temperature: float = option(
+        5.0, "Multilingual data: each direction's share of the training pairs by its size to the power 1/T (1: as "
+        "the data is; higher: more even; 5 as M2M-100 and Arivazhagan et al. 2019). The smaller directions are "
+        "repeated, the larger never cut.", flags=("--lang-temperature",), panel=RECIPE, metavar="T", min=0.01)
+    valid_beam: int = option(defaults.BEAM, "Beam size for --valid-bleu.", flags=("--valid-beam",), panel=VALID,
+                             metavar="N", min=1)
+    # optimisation (Adam(0.9, 0.98, 1e-9), inverse-square-root schedule, label smoothing 0.1)
+    lr: float | None = option(None, "Peak learning rate.", flags=("--lr",), panel=RECIPE, metavar="LR", min=0.0,
+                              show_default="d_model^-0.5 * warmup^-0.5", from_cli=lambda v: v or None,
+                              note="d_model^-0.5 * warmup^-0.5")
+    warmup: int | None = option(None, "Warmup updates.", flags=("--warmup",), panel=RECIPE, metavar="N", min=1,
+                                per_preset=_per_preset(400, 4000, 4000), show_default="tiny 400, base and big 4000")
+    # batching
+    max_tokens: int | str | None = option(
+        None, "Padded tokens per micro-batch per process; auto: the largest that fits the GPU, probed at the start "
+        "(on CPU: the default).", flags=("--max-tokens",), panel=RECIPE, metavar="N|auto", auto=True,
+        show_default="what holds the update's real tokens / processes, at most 8192 on CPU (tiny 2048)")
+    update_freq: int | str = option(
+        "auto", "Micro-batches per process per update, or auto to reach --update-tokens. Processes x update-freq "
+        "fixes the update: 1 GPU with --update-freq 8 trains on the batches of 8 GPUs with 1.",
+        flags=("--update-freq",), panel=RECIPE, metavar="N|auto", auto=True,
+        note="auto: the micro-batches that hold update_tokens real target tokens, counted on the data")
+    update_tokens: int | None = option(
+        None, "Real (unpadded) target tokens per update, as the loss counts them.", flags=("--update-tokens",),
+        panel=RECIPE, metavar="N", min=1, per_preset=_per_preset(2048, PAPER_UPDATE_TOKENS, PAPER_UPDATE_TOKENS),
+        show_default="25000; tiny 2048")
+    clip_norm: float = option(0.0, "Clip the gradient norm (0: off).", flags=("--clip-norm",), panel=RECIPE,
+                              metavar="NORM", min=0.0)
+    label_smoothing: float = option(0.1, "Label smoothing.", flags=("--label-smoothing",), panel=RECIPE,
+                                    metavar="EPSILON", min=0.0, max=0.99)
+    adam_betas: tuple[float, float] = option((0.9, 0.98), "Adam's betas.")
+    adam_eps: float = option(1e-9, "Adam's epsilon.")
+    model: dict = option(None, "ModelConfig overrides, e.g. {'d_model': 256} (the model options below).", "model",
+                         factory=dict)
     # machine
-    precision: str = "auto"  # one of precision.TRAIN_PRECISIONS
-    gpus: int | None = None  # None: 1 GPU when CUDA is available, else CPU
-    cpu_procs: int = 1  # processes on CPU (gloo), e.g. 2 to test distributed code without GPUs
-    threads: int | None = None  # torch threads per process; None: the free cores / processes (cpus.py)
-    dist_timeout: float = 5.0  # minutes a rank may stop answering before the others end the run (watchdog.py)
-    compile: bool = False
-    compile_shapes: str = "buckets"  # with compile: "buckets" (a few fixed batch shapes) or "dynamic" (symbolic sizes)
-    seed: int = 1
-    log_every: int = 100  # updates between metric log lines
+    gpus: int | None = option(None, "GPUs, one process each (NCCL).", "machine", flags=("--gpus",), panel=MACHINE,
+                              metavar="N", min=0, show_default="1 if CUDA is available, else 0: CPU")
+    cpu_procs: int = option(1, "Processes on CPU, over gloo (tests, CI).", "machine", flags=("--cpu-procs",),
+                            panel=MACHINE, metavar="N", min=1)
+    precision: str = option(
+        "auto", "auto: bf16 where the hardware runs it natively (GPUs of compute capability 8.0 or later, CPUs with "
+        "AMX or AVX512-BF16), fp16 on older GPUs, else fp32.", "machine", flags=("--precision",), panel=MACHINE,
+        choices=TRAIN_PRECISIONS)
+    compile: bool = option(False, "Use torch.compile.", "machine", flags=("--compile",), panel=MACHINE)
+    compile_shapes: str = option(
+        "buckets", "With --compile: buckets pads every batch to one of a few shapes (each compiled once); dynamic "
+        "compiles once for any shape (no padding beyond the batch's longest sentence, but far slower than eager: see "
+        "docs/train.md).", "machine", flags=("--compile-shapes",), panel=MACHINE, choices=COMPILE_SHAPES)
+    threads: int | None = option(
+        None, "Torch threads per process (default: the cores not busy with other work, shared by its processes; one "
+        "process counts again every 15 s).", "machine", flags=("--threads",), panel=MACHINE, metavar="N", min=1,
+        show_default="the free cores / processes")
+    dist_timeout: float = option(
+        5.0, "With several processes: when one stops answering (dead, stopped, hung node) for this long, the others "
+        "end the run with one line naming it (torchrun --max-restarts then restarts it).", "machine",
+        flags=("--dist-timeout",), panel=MACHINE, metavar="MINUTES", min=0.01)
+    log_every: int = option(100, "Updates between log lines.", "machine", flags=("--log-every",), panel=MACHINE,
+                            metavar="N", min=1)
 
     def validate(self) -> TrainConfig:
-        from nmt_cli.config import PRESETS
-
-        if self.preset not in PRESETS:
-            raise ConfigError(f"unknown preset {self.preset!r}; choose one of: {', '.join(PRESETS)}")
-        if self.compile_shapes not in COMPILE_SHAPES:
-            raise ConfigError(f"unknown --compile-shapes {self.compile_shapes!r}; choose {' or '.join(COMPILE_SHAPES)}")
+        for f in dataclasses.fields(self):  # the declared choices and least values
+            spec, value = declaration(f.name), getattr(self, f.name)
+            if spec.choices and value not in spec.choices:
+                what = {"preset": "preset", "precision": "precision"}.get(f.name, f"--{_flag(f.name)}")
+                raise ConfigError(f"unknown {what} {value!r}; choose {_one_of(f.name, spec.choices)}")
+            if spec.auto and isinstance(value, str) and value != "auto":
+                try:
+                    value = int(value)
+                except ValueError as exc:
+                    raise ConfigError(f"--{_flag(f.name)} must be a positive integer or 'auto', got "
+                                      f"{value!r}") from exc
+                setattr(self, f.name, value)
         bad = sorted(set(self.model) - set(MODEL_OVERRIDES))
         if bad:
             raise ConfigError(f"unknown model option(s) {bad}; known: {', '.join(MODEL_OVERRIDES)}")
-        if isinstance(self.update_freq, str) and self.update_freq != "auto":
-            try:
-                self.update_freq = int(self.update_freq)
-            except ValueError as exc:
-                raise ConfigError(f"--update-freq must be a positive integer or 'auto', got {self.update_freq!r}") from exc
-        if isinstance(self.max_tokens, str) and self.max_tokens != "auto":
-            try:
-                self.max_tokens = int(self.max_tokens)
-            except ValueError as exc:
-                raise ConfigError(f"--max-tokens must be a positive integer or 'auto', got {self.max_tokens!r}") from exc
-        positive = ("lr", "warmup", "max_tokens", "update_tokens", "max_steps", "max_epochs", "max_time", "patience",
-                    "save_every", "save_every_minutes", "keep_last", "average_last", "valid_every",
-                    "valid_every_minutes", "threads",
-                    "dist_timeout", "lang_temperature")
-        for name in positive:
-            value = getattr(self, name)
-            if value is not None and value != "auto" and value <= 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.cpu_procs < 1:
+            raise ConfigError(f"--cpu-procs must be at least 1, got {self.cpu_procs}")
+        for f in dataclasses.fields(self):
+            spec, value = declaration(f.name), getattr(self, f.name)
+            positive = (spec.min is not None and spec.min > 0) or spec.auto and f.name != "update_freq" \
+                or f.name == "lr"
+            if positive and value is not None and value != "auto" and value <= 0:
+                raise ConfigError(f"--{_flag(f.name)} must be positive, got {value}")
         if isinstance(self.update_freq, int) and self.update_freq < 1:
             raise ConfigError(f"--update-freq must be at least 1, got {self.update_freq}")
         if self.init_from is not None:
@@ -142,10 +282,6 @@ class TrainConfig:
             raise ConfigError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if self.clip_norm < 0:
             raise ConfigError(f"--clip-norm must be >= 0 (0 disables clipping), got {self.clip_norm}")
-        if self.precision not in TRAIN_PRECISIONS:
-            raise ConfigError(f"unknown precision {self.precision!r}; choose one of {', '.join(TRAIN_PRECISIONS)}")
-        if self.cpu_procs < 1:
-            raise ConfigError(f"--cpu-procs must be at least 1, got {self.cpu_procs}")
         if self.gpus is not None and self.gpus < 0:
             raise ConfigError(f"--gpus must be >= 0, got {self.gpus}")
         if self.cpu_procs > 1 and self.gpus:
@@ -153,10 +289,45 @@ class TrainConfig:
         return self
 
     def recipe(self, key: str):
-        return RECIPES[self.preset][key]
+        """The value the preset gives option `key` (its `per_preset`), or the CPU micro-batch cap."""
+        return recipe(self.preset, key)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+_DECLARED = {f.name: f.metadata["option"] for f in dataclasses.fields(TrainConfig)}
+
+
+def declaration(name: str) -> Option:
+    """Option `name`'s declaration."""
+    return _DECLARED[name]
+
+
+def declarations() -> dict[str, Option]:
+    """Every TrainConfig field's declaration, in the fields' order."""
+    return dict(_DECLARED)
+
+
+def recipe(preset: str, key: str):
+    """What preset `preset` gives option `key` where the run leaves it None (`per_preset`), or "cpu_max_tokens"."""
+    if key == "cpu_max_tokens":
+        return CPU_MAX_TOKENS[preset]
+    return _DECLARED[key].per_preset[preset]
+
+
+RECIPES: dict[str, dict] = {p: {**{k: o.per_preset[p] for k, o in _DECLARED.items() if o.per_preset},
+                                "cpu_max_tokens": CPU_MAX_TOKENS[p]} for p in PRESET_NAMES}
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _one_of(name: str, choices) -> str:
+    if name == "compile_shapes":
+        return " or ".join(choices)
+    return ("one of: " if name == "preset" else "one of ") + ", ".join(choices)
 
 
 @dataclass
@@ -191,7 +362,6 @@ def train_memory_bytes(model, tokens: int, precision: str = "bf16") -> float:
     return 16 * params + tokens * per_token
 
 
-COMPILE_SHAPES = ("buckets", "dynamic")  # how --compile meets changing batch shapes (training/loop.py)
 GPU_MEMORY_SHARE = 0.8  # of the smallest GPU's memory, for the default micro-batch
 
 
@@ -341,4 +511,4 @@ def resolve_valid_minutes(cfg: TrainConfig, save_minutes: float | None) -> float
 
 
 def resolve_keep_last(cfg: TrainConfig) -> int:
-    return cfg.keep_last if cfg.keep_last is not None else max(5, resolve_average_last(cfg))
+    return cfg.keep_last if cfg.keep_last is not None else max(KEEP_AT_LEAST, resolve_average_last(cfg))

@@ -1,29 +1,30 @@
 """`train(cfg)`, the entry point of `nmt train`: check everything first (`plan_run`: data directory, devices,
 precision, batch sizes, resume compatibility) so that bad input fails with one line before any file is written;
-then run one process, or start N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo; spawn.py: started first,
-so that their imports overlap rank 0's, and sent the plan) and run rank 0 here, or join the processes torchrun
-started. Each process runs `Trainer.fit()` (loop.py)."""
+then run one process, or start N-1 more (`--gpus N` over NCCL, `--cpu-procs N` over gloo; distributed/spawn.py:
+started first, so that their imports overlap rank 0's, and sent the plan) and run rank 0 here, or join the
+processes torchrun started. Each process is set up (distributed/process_group.py) and runs `Trainer.fit()`
+(loop.py). The process plumbing itself is in distributed/; this module only puts it in order around the trainer."""
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 
 from nmt_cli.errors import NmtError, TrainingError
 from nmt_cli.runtime import cpus
-from nmt_cli.training.checkpoints import AVERAGED, LAST
 from nmt_cli.training.config import TrainConfig
+from nmt_cli.training.distributed.process_group import setup_process, shutdown_process
+from nmt_cli.training.distributed.spawn import AGREED_ERROR, Ranks
+from nmt_cli.training.distributed.world import plan_launch, torchrun_env
+from nmt_cli.training.files import AVERAGED, LAST
 from nmt_cli.training.loop import Progress, Trainer, TrainResult
 from nmt_cli.training.plan import RunPlan, agree_on_resume, plan_run, write_run_config
-from nmt_cli.training.runtime import plan_launch, setup_process, shutdown_process, torchrun_env
-from nmt_cli.training.spawn import Ranks
 
 
 def run_process(plan: RunPlan, rank: int, local_rank: int, init_method: str | None,
                 progress: Progress | None = None, on_stall=None) -> TrainResult:
     """Set up this process (device, threads, process group), train, tear down. A collective that fails because
-    another rank is gone becomes one line naming it (watchdog.py)."""
+    another rank is gone becomes one line naming it (distributed/watchdog.py)."""
     rt = setup_process(plan.launch, rank, local_rank, plan.threads, init_method, plan.cfg.dist_timeout * 60,
                        on_stall)
     finished = False
@@ -57,9 +58,6 @@ def finished_result(plan: RunPlan) -> TrainResult:
                        averaged=str(averaged) if averaged.exists() else None, already=done["reason"])
 
 
-_AGREED_ERROR = 3  # a spawned rank's exit code for an error that rank 0 raises and reports too
-
-
 class PeerLostError(TrainingError):
     """Another rank of the run is gone (each rank says so: the one that would have reported may be the dead one)."""
 
@@ -82,7 +80,7 @@ def child_main(conn, rank: int, init_method: str) -> None:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)
     except TrainingError:
-        sys.exit(_AGREED_ERROR)  # rank 0 reports the same error (every rank agrees on the loss)
+        sys.exit(AGREED_ERROR)  # rank 0 reports the same error (every rank agrees on the loss)
     except Exception as exc:  # noqa: BLE001 - report in one line, the parent says which rank failed
         print(f"error: rank {rank}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
         sys.exit(1)
@@ -90,22 +88,12 @@ def child_main(conn, rank: int, init_method: str) -> None:
         sys.exit(130)
 
 
-def _watch_children(procs: list, done: threading.Event) -> None:
-    """If a spawned rank dies while rank 0 still runs, rank 0 would block in a collective: end the run."""
-    while not done.wait(1.0):
-        for p in procs:
-            if p.exitcode not in (None, 0, _AGREED_ERROR):
-                print(f"error: training process {procs.index(p) + 1} exited with code {p.exitcode}; stopping",
-                      file=sys.stderr)
-                for q in procs:
-                    if q.is_alive():
-                        q.terminate()
-                os._exit(1)
+CHILD_MAIN = f"{__name__}:child_main"  # what spawned ranks run (spawn.Ranks)
 
 
 def train(cfg: TrainConfig, progress: Progress | None = None, ranks: Ranks | None = None) -> TrainResult:
     """Train as `cfg` says; returns where the checkpoints are and how the run ended. `ranks`: the other processes,
-    when the caller started them already (`nmt train` does, first thing: spawn.py); else started here if needed."""
+    when the caller started them already (`nmt train` does, first thing: distributed/spawn.py); else started here if needed."""
     env = torchrun_env()
     try:
         if env is None and (cfg.cpu_procs > 1 or (cfg.gpus or 0) > 1):  # several processes: start them first
@@ -116,7 +104,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None, ranks: Ranks | Non
             if launch.distributed and ranks is None:
                 if cfg.threads is None and launch.device_type == "cpu":
                     cpus.start().others_busy()  # the free cores, counted before the ranks' imports load them
-                ranks = Ranks(launch.world_size)
+                ranks = Ranks(launch.world_size, CHILD_MAIN)
         plan = plan_run(cfg)
         if plan.finished and env is None:  # nothing to train, nothing written (`finished_result`)
             if ranks is not None:
@@ -139,7 +127,7 @@ def train(cfg: TrainConfig, progress: Progress | None = None, ranks: Ranks | Non
 
     procs = ranks.procs
     done = threading.Event()
-    threading.Thread(target=_watch_children, args=(procs, done), daemon=True).start()
+    ranks.watch(done)
     def kill_children() -> None:  # rank 0's watchdog ends the run: a stopped child would stay forever
         for p in procs:
             if p.is_alive():

@@ -3,14 +3,14 @@
     for each update (reader.py: the next processes x update-freq batches, dealt to the ranks; their real tokens):
         accumulate update_freq micro-batches (DDP gradient sync only on the last), label-smoothed loss summed
         gradients /= the update's target tokens; optional clipping; lr = d^-0.5 min(step^-0.5, step warmup^-1.5); Adam
-        stop? save? validate? (by the clock) raised by any rank, agreed by all a step later (runtime.Votes)
-        log / validate (validate.py) / save (checkpoints.py) / stop, each on its own schedule (checkpoints.Periodic)
+        stop? save? validate? (by the clock) raised by any rank, agreed by all a step later (distributed/votes.py)
+        log / validate (validate.py) / save (checkpoint_manager.py) / stop, each on its own schedule (checkpoint_manager.Periodic)
 
 Only rank 0 logs and writes files. The Trainer holds the model, the optimizer and the counters, and runs the loop;
-beside it: `reader.py` (the data position, each epoch's order, prefetch), `checkpoints.py` (what is saved when, the
+beside it: `reader.py` (the data position, each epoch's order, prefetch), `checkpoint_manager.py` (what is saved when, the
 training state a resume restores, averaging at the end), `validate.py`, `metrics_log.py` (the log and the run's
 header). The run around it: `plan.py` (checks before anything is written, the batches), `launch.py` (one process,
-spawned processes or torchrun's), `signals.py`.
+spawned processes or torchrun's), `distributed/` (processes, votes, DDP, watchdog, signals).
 """
 
 from __future__ import annotations
@@ -26,34 +26,29 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from nmt_cli.checkpoints.atomic import remove_stale_tmp
+from nmt_cli.atomic import remove_stale_tmp
 from nmt_cli.checkpoints.format import load
 from nmt_cli.config import PAD_ID
 from nmt_cli.data.shortlist import from_data_dir
 from nmt_cli.data.store import ParallelData, load_manifest, read_tokenizer
-from nmt_cli.errors import TrainingError
+from nmt_cli.errors import CheckpointError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.runtime.memory import SAFETY, out_of_memory_advice
-from nmt_cli.training.checkpoints import (
-    BEST,
-    LAST,
-    Periodic,
-    RunCheckpoints,
-    restore,
-    rng_state,
-    train_state,
-    weights_digest,
-)
+from nmt_cli.training.checkpoint_manager import Periodic, RunCheckpoints, weights_digest
 from nmt_cli.training.config import probe_cap, probed_batching
+from nmt_cli.training.distributed.ddp import data_parallel
+from nmt_cli.training.distributed.process import Runtime
+from nmt_cli.training.distributed.signals import StopSignals
+from nmt_cli.training.distributed.votes import Votes
+from nmt_cli.training.files import BEST, LAST
 from nmt_cli.training.loss import label_smoothed_cross_entropy
 from nmt_cli.training.metrics_log import MetricsLog, Window, start_event
 from nmt_cli.training.plan import RunPlan, bucket_positions, repacked, write_run_config
 from nmt_cli.training.probe import probe_ranks
 from nmt_cli.training.reader import TrainReader, Update
-from nmt_cli.training.runtime import Runtime, Votes, data_parallel
 from nmt_cli.training.schedule import inverse_sqrt_lr
-from nmt_cli.training.signals import StopSignals
-from nmt_cli.training.validate import Best, PerDirection, Validator, validator_for
+from nmt_cli.training.state import Best, TrainState, plain, rng_state, set_rng_state
+from nmt_cli.training.validate import PerDirection, Validator, validator_for
 
 Progress = Callable[[dict], None]
 MIN_FP16_SCALE = 2.0**-10
@@ -106,10 +101,12 @@ class TrainResult:
 
 class Trainer:
     """One training process: the model, its optimizer and `fit`, over a data reader (reader.py), a validation
-    (validate.py) and the run's checkpoints (checkpoints.py)."""
+    (validate.py) and the run's checkpoints (checkpoint_manager.py)."""
 
-    def __init__(self, plan: RunPlan, rt: Runtime, progress: Progress | None = None):
+    def __init__(self, plan: RunPlan, rt: Runtime, progress: Progress | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.plan, self.cfg, self.rt = plan, plan.cfg, rt
+        self.clock = clock  # seconds, for the run's time, --max-time and the saves by minutes (tests give their own)
         self.progress = progress if rt.is_main else None
         self.out_dir = plan.out_dir
         cfg, device = self.cfg, rt.device
@@ -130,18 +127,19 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.params, lr=0.0, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                                           **_adam_impl(device))
         self.scaler = rt.make_scaler()
-        self.step, self.elapsed, self.overflows = 0, 0.0, 0  # (elapsed: seconds of training, over all resumes)
-        # what validating and saving cost, over all resumes (the end of the run reports their share of `elapsed`)
-        self.validations, self.valid_seconds, self.saves, self.save_seconds = 0, 0.0, 0, 0.0
+        # the counters, the data position, the best validation: what a resume goes on from (state.py)
+        self.state = TrainState(Best("valid_bleu" if cfg.valid_bleu else "valid_nll"), world_size=rt.world_size)
         self.metrics: MetricsLog | None = None  # rank 0's log, while fit() runs
-        self.session_start: float | None = None  # time.monotonic() when fit() started, and `elapsed` then
+        self.session_start: float | None = None  # self.clock() when fit() started, and `elapsed` then
         self.elapsed_before = 0.0
-        self.best = Best("valid_bleu" if cfg.valid_bleu else "valid_nll")  # what "best" means, and patience
-        self.probed: int | None = None  # --max-tokens auto: the micro-batch the probe found (probe.py)
-        self.probe_source = ""  # where `probed` came from, for the run's header
-        position = (1, 0)  # (epoch, batches of its order trained on): reader.py
+        self.probe_source = ""  # where the probed micro-batch came from, for the run's header
+        # the data's vocabulary shortlist travels in every checkpoint (rank 0 writes them; learned if the data
+        # directory has none: data/shortlist.py)
+        shortlist = from_data_dir(cfg.data_dir, manifest).to_dict() if rt.is_main else None
+        self.checkpoints = RunCheckpoints(self.out_dir, plan.model_config, self.tokenizer, plan.langs, plan.keep_last,
+                                          shortlist)
         if plan.resume_from:
-            position = restore(self, load(plan.resume_from))
+            self.load_state_dict(*self.checkpoints.restore(plan.resume_from))
         elif plan.init_from:  # fine-tuning: the weights only (a new optimizer, schedule and step counter)
             self.module.load_state_dict(load(plan.init_from, map_location=device).model_state)
         if plan.batching.probe:
@@ -149,15 +147,10 @@ class Trainer:
         b = self.plan.batching
         self.reader = TrainReader(self.train_data, self.plan.batches, b.update_freq, rt.rank, rt.world_size,
                                   cfg.seed, cfg.max_epochs, b.max_tokens, bucket_positions(self.plan),
-                                  pin_memory=device.type == "cuda", position=position)
+                                  pin_memory=device.type == "cuda", position=(self.state.epoch, self.state.pos))
         self.model = self._compiled(self.module) if cfg.compile else self.module
         if rt.distributed:  # DDP around the compiled model: see `data_parallel`
             self.model = data_parallel(self.model, rt)
-        # the data's vocabulary shortlist travels in every checkpoint (rank 0 writes them; learned if the data
-        # directory has none: data/shortlist.py)
-        shortlist = from_data_dir(cfg.data_dir, manifest).to_dict() if rt.is_main else None
-        self.checkpoints = RunCheckpoints(self.out_dir, plan.model_config, self.tokenizer, plan.langs, plan.keep_last,
-                                          shortlist)
         # what a killed save left behind (kill -9 during torch.save: NAME.XXXX.tmp files of up to a checkpoint each)
         self.stale_tmp = remove_stale_tmp(self.out_dir) if rt.is_main and self.out_dir.is_dir() else (0, 0)
 
@@ -165,18 +158,57 @@ class Trainer:
     def epoch(self) -> int:
         return self.reader.epoch
 
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    @property
+    def best(self) -> Best:
+        return self.state.best
+
+    # -- the state a checkpoint holds -------------------------------------------------------------------------------
+
+    def state_dict(self, rngs: list) -> dict:
+        """checkpoint_last.pt's training state: the TrainState (with the reader's data position), the optimizer's and
+        the loss scaler's states, every rank's RNG states `rngs` (`rng_state`, gathered) and the options."""
+        state = self.state
+        state.epoch, state.pos, state.world_size = self.reader.epoch, self.reader.pos, self.rt.world_size
+        return {**state.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+                "rng": rngs, "config": plain(self.cfg.to_dict())}
+
+    def load_state_dict(self, model_state: dict, ts: dict) -> None:
+        """Resume from `state_dict`'s dict and the weights `model_state`: this rank's RNG streams where the world
+        size is the saved one (else seeded anew from the update), the probed micro-batch with --max-tokens auto."""
+        try:
+            self.module.load_state_dict(model_state)
+            self.optimizer.load_state_dict(ts["optimizer"])
+            if self.scaler is not None and ts.get("scaler"):
+                self.scaler.load_state_dict(ts["scaler"])
+            self.state.load_state_dict(ts)
+            rngs = ts.get("rng") or []
+        except (KeyError, ValueError, RuntimeError, TypeError) as exc:
+            raise CheckpointError(f"{self.plan.resume_from}: training state does not fit this run "
+                                  f"({str(exc).splitlines()[0][:150]}); pick another -o") from exc
+        if self.cfg.max_tokens != "auto":
+            self.state.probed_max_tokens = None
+        if self.state.world_size != self.rt.world_size:  # the data position holds for any world size; RNGs do not
+            torch.manual_seed(self.cfg.seed + 1000 * self.rt.rank + self.state.step)
+        elif self.rt.rank < len(rngs):
+            set_rng_state(rngs[self.rt.rank], self.rt.device)
+
     def _probe_batching(self) -> None:
         """--max-tokens auto on a GPU: the largest micro-batch that fits every rank's GPU (probe.py), found when the
         run started (a resumed run keeps it, and so its batches and data position); the batches packed for it."""
-        if self.probed is None:
+        if self.state.probed_max_tokens is None:
             data = self.train_data
             longest = int(max(data.src_lengths.max(), data.tgt_lengths.max())) + 1  # + EOS (BOS on the target side)
-            self.probed = probe_ranks(self.module, self.optimizer, self.rt, longest, probe_cap(self.plan.batching),
+            self.state.probed_max_tokens = probe_ranks(self.module, self.optimizer, self.rt, longest, probe_cap(self.plan.batching),
                                       self.cfg.label_smoothing)
             self.probe_source = f"probed: {SAFETY:.0%} of the largest that fit, at {longest}-token sentences"
         else:
             self.probe_source = "found when the run started"
-        self.plan = repacked(self.plan, probed_batching(self.cfg, self.plan.batching, self.probed), self.train_data)
+        self.plan = repacked(self.plan, probed_batching(self.cfg, self.plan.batching, self.state.probed_max_tokens), self.train_data)
         if self.rt.is_main:
             write_run_config(self.plan)  # config.json records the batch sizes used
 
@@ -238,7 +270,7 @@ class Trainer:
         torch._foreach_mul_(grads, self.rt.world_size / max(tgt_tokens, 1.0))
         if self.cfg.clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_norm)
-        lr = inverse_sqrt_lr(self.step + 1, self.plan.model_config.d_model, self.plan.warmup, self.cfg.lr)
+        lr = inverse_sqrt_lr(self.state.step + 1, self.plan.model_config.d_model, self.plan.warmup, self.cfg.lr)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         skipped = False
@@ -248,7 +280,7 @@ class Trainer:
             self.scaler.update()
             skipped = self.scaler.get_scale() < scale
             if skipped and self.scaler.get_scale() < MIN_FP16_SCALE:
-                raise TrainingError(f"fp16 loss scale fell below {MIN_FP16_SCALE} at update {self.step + 1}: the loss "
+                raise TrainingError(f"fp16 loss scale fell below {MIN_FP16_SCALE} at update {self.state.step + 1}: the loss "
                                     "keeps overflowing; use --precision bf16/fp32 or lower --lr")
         else:
             self.optimizer.step()
@@ -272,26 +304,26 @@ class Trainer:
         if self.validator is None:
             return None
         self.module.eval()
-        out = self.validator(self.module, self.step)
+        out = self.validator(self.module, self.state.step)
         self.module.train()
         return out
 
     def _validate_and_track(self, metrics: MetricsLog) -> dict | None:
-        start = time.monotonic()
+        start = self.clock()
         valid = self.validate()
         if valid is None:
             return None
-        seconds = time.monotonic() - start
-        self.validations += 1
-        self.valid_seconds += seconds
-        improved = self.best.improved(valid, self.step)
+        seconds = self.clock() - start
+        self.state.validations += 1
+        self.state.valid_seconds += seconds
+        improved = self.state.best.improved(valid, self.state.step)
         if improved and self.rt.is_main:
-            start = time.monotonic()
-            self.checkpoints.save_best(self.module, self._meta(valid))
-            self.save_seconds += time.monotonic() - start
-        record = {"kind": "valid", "step": self.step, "epoch": self.epoch, **valid,
-                  f"best_{self.best.criterion}": self.best.value, "improved": improved,
-                  "criterion": self.best.criterion, "seconds": round(seconds, 3)}
+            start = self.clock()
+            self.checkpoints.save_best(self.module.state_dict(), self._meta(valid))
+            self.state.save_seconds += self.clock() - start
+        record = {"kind": "valid", "step": self.state.step, "epoch": self.epoch, **valid,
+                  f"best_{self.state.best.criterion}": self.state.best.value, "improved": improved,
+                  "criterion": self.state.best.criterion, "seconds": round(seconds, 3)}
         metrics.write(record)
         self._emit(record)
         return valid
@@ -302,28 +334,28 @@ class Trainer:
         """checkpoint_last.pt (full state) and, if `periodic`, checkpoint_<step>.pt (weights). Collective. Rank 0
         counts and times it (metrics.jsonl's `save` records; the training state it writes counts it, without its
         seconds, not known yet)."""
-        start = time.monotonic()
+        start = self.clock()
         rngs = self.rt.gather_objects(rng_state(self.rt.device))
         if self.rt.is_main:
-            self.saves += 1
-            path = self.checkpoints.save(self.module, self._meta(valid), train_state(self, rngs), periodic)
-            seconds = time.monotonic() - start
-            self.save_seconds += seconds
-            record = {"kind": "save", "step": self.step, "periodic": periodic, "seconds": round(seconds, 3)}
+            self.state.saves += 1
+            path = self.checkpoints.save(self.module.state_dict(), self._meta(valid), self.state_dict(rngs), periodic)
+            seconds = self.clock() - start
+            self.state.save_seconds += seconds
+            record = {"kind": "save", "step": self.state.step, "periodic": periodic, "seconds": round(seconds, 3)}
             if self.metrics is not None:
                 self.metrics.write(record)
             self._emit({**record, "path": str(path)})
 
     def _meta(self, valid: dict | None) -> dict:
-        return {"step": self.step, "epoch": self.epoch, "preset": self.cfg.preset, **(valid or {})}
+        return {"step": self.state.step, "epoch": self.epoch, "preset": self.cfg.preset, **(valid or {})}
 
     def _average_at_end(self) -> str | None:
         n = self.plan.average_last
         if not n or not self.rt.is_main:
             return None
-        start = time.monotonic()
+        start = self.clock()
         path, used = self.checkpoints.average(n, lambda message: self._emit({"kind": "note", "message": message}))
-        self.save_seconds += time.monotonic() - start
+        self.state.save_seconds += self.clock() - start
         self._emit({"kind": "averaged", "path": str(path), "n": used, "wanted": n})
         return str(path)
 
@@ -334,9 +366,9 @@ class Trainer:
             self.progress(event)
 
     def _eta(self, seconds_per_update: float) -> float | None:
-        left = [(self.plan.max_steps - self.step) * seconds_per_update]
+        left = [(self.plan.max_steps - self.state.step) * seconds_per_update]
         if self.cfg.max_time:
-            left.append(self.cfg.max_time * 60 - self.elapsed)
+            left.append(self.cfg.max_time * 60 - self.state.elapsed)
         return max(0.0, min(left))
 
     # -- the loop -------------------------------------------------------------------------------------------------
@@ -350,7 +382,7 @@ class Trainer:
     def _out_of_memory(self) -> str:
         b = self.plan.batching
         beam = f" (or --valid-beam, now {self.cfg.valid_beam})" if self.cfg.valid_bleu else ""
-        return (f"out of {self.rt.device.type.upper()} memory at update {self.step + 1} with micro-batches of up to "
+        return (f"out of {self.rt.device.type.upper()} memory at update {self.state.step + 1} with micro-batches of up to "
                 f"{b.max_tokens} padded tokens; lower --max-tokens{beam} (--update-freq auto keeps the update size; "
                 f"with a fixed --update-freq raise it as you lower --max-tokens) and run again: it resumes from the last "
                 "checkpoint")
@@ -359,24 +391,25 @@ class Trainer:
         cfg, plan, rt = self.cfg, self.plan, self.rt
         metrics = self.metrics = MetricsLog(self.out_dir, rt.is_main)
         if rt.is_main:  # (the other ranks neither log nor display)
-            start = {**start_event(self), "tensorboard_note": metrics.note}
-            metrics.write({"kind": "start", "step": self.step, **{k: v for k, v in start.items() if k != "kind"}})
+            start = {**start_event(self.plan, rt, self.state, self.module.num_parameters(), self.reader,
+                                   self.stale_tmp, self.probe_source), "tensorboard_note": metrics.note}
+            metrics.write({"kind": "start", "step": self.state.step, **{k: v for k, v in start.items() if k != "kind"}})
             self._emit(start)
         window, history, valid, stopped_by = Window(), [], None, "max_steps"
         last_window = window
         pending: list[tuple[int, torch.Tensor]] = []  # losses not read from the device yet
         shown: dict = {}  # the last loss figures read (for the live display between log lines)
-        session_start = self.session_start = time.monotonic()
-        saves = Periodic(plan.save_every, plan.save_minutes, session_start)  # (checkpoints.py)
-        valids = Periodic(plan.valid_every, plan.valid_minutes, session_start)
-        elapsed_before = self.elapsed_before = self.elapsed
+        session_start = self.session_start = self.clock()
+        saves = Periodic(plan.save_every, plan.save_minutes, session_start, self.clock)  # (checkpoint_manager.py)
+        valids = Periodic(plan.valid_every, plan.valid_minutes, session_start, self.clock)
+        elapsed_before = self.elapsed_before = self.state.elapsed
         watch = cpus.Watch() if plan.recheck_threads and rt.device.type == "cpu" else None
         votes = Votes(rt)  # stop, save and validate, agreed by every rank (a step late where there are several)
         with StopSignals() as signals:
-            while self.step < plan.max_steps:
-                t0 = time.monotonic()
-                self.elapsed = elapsed_before + t0 - session_start
-                out_of_time = bool(cfg.max_time) and self.elapsed >= cfg.max_time * 60
+            while self.state.step < plan.max_steps:
+                t0 = self.clock()
+                self.state.elapsed = elapsed_before + t0 - session_start
+                out_of_time = bool(cfg.max_time) and self.state.elapsed >= cfg.max_time * 60
                 time_to_save, time_to_validate = saves.time_is_up(t0), valids.time_is_up(t0)
                 update = self.reader.next_update()
                 if update is None:
@@ -387,43 +420,43 @@ class Trainer:
                     signals.signum is not None or (rt.is_main and out_of_time), rt.is_main and time_to_save,
                     rt.is_main and time_to_validate)
                 if stats.skipped:
-                    self.overflows += 1
-                    self._emit({"kind": "overflow", "step": self.step, "overflows": self.overflows})
+                    self.state.overflows += 1
+                    self._emit({"kind": "overflow", "step": self.state.step, "overflows": self.state.overflows})
                 else:
-                    self.step += 1
-                    pending.append((self.step, stats.losses))
-                    window.add(stats.tgt_tokens, stats.src_tokens, time.monotonic() - t0)
-                self.elapsed = elapsed_before + time.monotonic() - session_start
-                if self.step % cfg.log_every == 0 or stop:
+                    self.state.step += 1
+                    pending.append((self.state.step, stats.losses))
+                    window.add(stats.tgt_tokens, stats.src_tokens, self.clock() - t0)
+                self.state.elapsed = elapsed_before + self.clock() - session_start
+                if self.state.step % cfg.log_every == 0 or stop:
                     window.add_losses(*self._read_losses(pending))
                     shown = window.summary()
-                    record = {"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
-                              "elapsed": round(self.elapsed, 3), "overflows": self.overflows, **shown}
+                    record = {"kind": "train", "step": self.state.step, "epoch": self.epoch, "lr": stats.lr,
+                              "elapsed": round(self.state.elapsed, 3), "overflows": self.state.overflows, **shown}
                     metrics.write(record)
                     history.append(record)
                     last_window, window = window, Window()
                 if watch is not None and (choice := watch.poll(torch.get_num_threads())) is not None:
                     torch.set_num_threads(choice.threads)  # a neighbour came or went (cpus.Watch)
-                    event = {"kind": "threads", "step": self.step, "threads": choice.threads, "reason": choice.reason}
+                    event = {"kind": "threads", "step": self.state.step, "threads": choice.threads, "reason": choice.reason}
                     metrics.write(event)
                     self._emit(event)
                 pace = window if window.updates else last_window  # a line right after a log shows the last window's
-                self._emit({"kind": "train", "step": self.step, "epoch": self.epoch, "lr": stats.lr,
-                            "elapsed": self.elapsed, "eta": self._eta(pace.seconds / max(pace.updates, 1)),
+                self._emit({"kind": "train", "step": self.state.step, "epoch": self.epoch, "lr": stats.lr,
+                            "elapsed": self.state.elapsed, "eta": self._eta(pace.seconds / max(pace.updates, 1)),
                             "max_steps": plan.max_steps, **shown, **pace.speed()})
                 if stop:
                     stopped_by = "signal" if signals.signum is not None else "max_time"
                     break
-                save_due, valid_due = saves.due(self.step, save_now), valids.due(self.step, validate_now)
+                save_due, valid_due = saves.due(self.state.step, save_now), valids.due(self.state.step, validate_now)
                 if save_due or valid_due:
                     window.add_losses(*self._read_losses(pending))  # never validate or save a diverged model
                     if valid_due:
                         valid = self._validate_and_track(metrics)
-                        valids.done(self.step)
+                        valids.done(self.state.step)
                     if save_due:  # (its checkpoint records the validation figures of its own update only)
-                        self.save(periodic=True, valid=valid if valids.done_at == self.step else None)
-                        saves.done(self.step)
-                    if valid_due and cfg.patience and self.best.bad >= cfg.patience:
+                        self.save(periodic=True, valid=valid if valids.done_at == self.state.step else None)
+                        saves.done(self.state.step)
+                    if valid_due and cfg.patience and self.state.best.bad >= cfg.patience:
                         stopped_by = "patience"
                         break
             votes.drain()
@@ -432,13 +465,13 @@ class Trainer:
             if stopped_by == "signal":
                 # torchrun kills a process 30 s after SIGTERM: save the state first, and nothing else
                 self.reader.close()
-                if saves.done_at != self.step:
+                if saves.done_at != self.state.step:
                     self.save(periodic=False, valid=None)
                 return self._finish(metrics, stopped_by, signum, None, None, history, None)
         # the end: validate and save the final state unless that just happened
-        if valids.done_at != self.step:
+        if valids.done_at != self.state.step:
             valid = self._validate_and_track(metrics)
-        if saves.done_at != self.step:
+        if saves.done_at != self.state.step:
             self.save(periodic=True, valid=valid)
         averaged = self._average_at_end()
         digests = self.rt.gather_objects(weights_digest(self.module)) if rt.distributed else None
@@ -448,21 +481,21 @@ class Trainer:
                 averaged: str | None, history: list, digests: list | None) -> TrainResult:
         best = self.out_dir / BEST
         if self.session_start is not None:  # (the end's validation, save and averaging count in the run's time)
-            self.elapsed = self.elapsed_before + time.monotonic() - self.session_start
+            self.state.elapsed = self.elapsed_before + self.clock() - self.session_start
         result = TrainResult(
-            out_dir=str(self.out_dir), step=self.step, epoch=self.epoch, elapsed=self.elapsed, stopped_by=stopped_by,
+            out_dir=str(self.out_dir), step=self.state.step, epoch=self.epoch, elapsed=self.state.elapsed, stopped_by=stopped_by,
             last=str(self.out_dir / LAST), best=str(best) if best.exists() else None, averaged=averaged, valid=valid,
-            best_valid=self.best.value, criterion=self.best.criterion, best_step=self.best.step,
-            overflows=self.overflows,
+            best_valid=self.state.best.value, criterion=self.state.best.criterion, best_step=self.state.best.step,
+            overflows=self.state.overflows,
             signum=signum, history=history, ranks_agree=None if digests is None else len(set(digests)) == 1,
-            validations=self.validations, valid_seconds=self.valid_seconds, saves=self.saves,
-            save_seconds=self.save_seconds)
+            validations=self.state.validations, valid_seconds=self.state.valid_seconds, saves=self.state.saves,
+            save_seconds=self.state.save_seconds)
         self.reader.close()
-        metrics.write({"kind": "end", "step": self.step, "stopped_by": stopped_by, "elapsed": self.elapsed,
-                       f"best_{self.best.criterion}": self.best.value, "best_step": self.best.step,
-                       "overflows": self.overflows, "validations": self.validations,
-                       "valid_seconds": round(self.valid_seconds, 3), "saves": self.saves,
-                       "save_seconds": round(self.save_seconds, 3)})
+        metrics.write({"kind": "end", "step": self.state.step, "stopped_by": stopped_by, "elapsed": self.state.elapsed,
+                       f"best_{self.state.best.criterion}": self.state.best.value, "best_step": self.state.best.step,
+                       "overflows": self.state.overflows, "validations": self.state.validations,
+                       "valid_seconds": round(self.state.valid_seconds, 3), "saves": self.state.saves,
+                       "save_seconds": round(self.state.save_seconds, 3)})
         metrics.close()
         self._emit({"kind": "end", **asdict(result)})
         return result

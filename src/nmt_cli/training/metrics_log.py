@@ -10,13 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nmt_cli.runtime.precision import slow_bf16_warning
-from nmt_cli.training.runtime import DTYPES
+from nmt_cli.training.distributed.process import DTYPES
+from nmt_cli.training.files import METRICS_JSONL
 from nmt_cli.training.schedule import inverse_sqrt_lr, peak_lr
 
 if TYPE_CHECKING:
-    from nmt_cli.training.loop import Trainer
-
-METRICS_JSONL = "metrics.jsonl"
+    from nmt_cli.training.distributed.process import Runtime
+    from nmt_cli.training.plan import RunPlan
+    from nmt_cli.training.state import TrainState
 
 
 class MetricsLog:
@@ -95,35 +96,37 @@ class Window:
                 **self.speed()}
 
 
-def start_event(trainer: Trainer) -> dict:
-    """The run's header as rank 0 reports it (the first record of metrics.jsonl; `nmt train` prints it): the model,
-    the machine, the batch, the schedule and the stops, as `trainer` is about to train."""
-    plan, b = trainer.plan, trainer.plan.batching
+def start_event(plan: RunPlan, rt: Runtime, state: TrainState, params: int, reader, stale_tmp: tuple[int, int],
+                probe_source: str) -> dict:
+    """The run's header as rank 0 reports it (the first record of metrics.jsonl; `nmt train` prints it): the model
+    (`params`), the machine, the batch (`reader`'s), the schedule and the stops, as the run is about to train from
+    `state`."""
+    b, cfg = plan.batching, plan.cfg
     return {
-        "kind": "start", "preset": trainer.cfg.preset, "params": trainer.module.num_parameters(),
-        "device": trainer.rt.device.type, "world_size": trainer.rt.world_size, "precision": trainer.rt.precision,
+        "kind": "start", "preset": cfg.preset, "params": params,
+        "device": rt.device.type, "world_size": rt.world_size, "precision": rt.precision,
         "max_tokens": b.max_tokens, "update_freq": b.update_freq,
-        "max_tokens_auto": _auto_reason(trainer) if trainer.cfg.max_tokens == "auto" else None,
+        "max_tokens_auto": _auto_reason(state.probed_max_tokens, probe_source) if cfg.max_tokens == "auto" else None,
         "max_tokens_per_update": b.max_tokens_per_update, "update_tokens": b.update_tokens,
         # real (unpadded) tokens per update expected from the batches' average (metrics' "train" records: seen)
         "tgt_tokens_per_update": plan.mean_tgt_tokens * b.update_freq * b.world_size,
         "src_tokens_per_update": plan.mean_src_tokens * b.update_freq * b.world_size,
-        "batches_per_epoch": len(trainer.reader.batches), "padding_efficiency": trainer.reader.padding_efficiency(),
-        "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, trainer.cfg.lr), "warmup": plan.warmup,
-        "max_steps": plan.max_steps, "max_time": trainer.cfg.max_time, "max_epochs": trainer.cfg.max_epochs,
+        "batches_per_epoch": len(reader.batches), "padding_efficiency": reader.padding_efficiency(),
+        "peak_lr": peak_lr(plan.model_config.d_model, plan.warmup, cfg.lr), "warmup": plan.warmup,
+        "max_steps": plan.max_steps, "max_time": cfg.max_time, "max_epochs": cfg.max_epochs,
         "save_every": plan.save_every, "save_minutes": plan.save_minutes, "average_last": plan.average_last,
         "average_note": plan.average_note, "valid_every": plan.valid_every, "valid_minutes": plan.valid_minutes,
         "has_valid": plan.has_valid,
-        "lr_at_end": inverse_sqrt_lr(plan.max_steps, plan.model_config.d_model, plan.warmup, trainer.cfg.lr),
-        "slow_precision": slow_bf16_warning(DTYPES.get(trainer.rt.precision), trainer.rt.device),
-        "resumed_at": trainer.step if plan.resume_from else None,
-        "stale_tmp_removed": trainer.stale_tmp[0], "stale_tmp_bytes": trainer.stale_tmp[1],
-        "out_dir": str(trainer.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
+        "lr_at_end": inverse_sqrt_lr(plan.max_steps, plan.model_config.d_model, plan.warmup, cfg.lr),
+        "slow_precision": slow_bf16_warning(DTYPES.get(rt.precision), rt.device),
+        "resumed_at": state.step if plan.resume_from else None,
+        "stale_tmp_removed": stale_tmp[0], "stale_tmp_bytes": stale_tmp[1],
+        "out_dir": str(plan.out_dir), "threads": plan.threads, "threads_reason": plan.threads_reason,
     }
 
 
-def _auto_reason(trainer: Trainer) -> str:
+def _auto_reason(probed: int | None, source: str) -> str:
     """How --max-tokens auto chose this run's micro-batch (the run's header prints it)."""
-    if trainer.probed is None:
+    if probed is None:
         return "the default micro-batch (the probe needs a CUDA GPU)"
-    return f"micro-batches of at most {trainer.probed} tokens fit ({trainer.probe_source})"
+    return f"micro-batches of at most {probed} tokens fit ({source})"

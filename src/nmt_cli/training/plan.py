@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from nmt_cli import __version__
-from nmt_cli.checkpoints.atomic import write_text
+from nmt_cli.atomic import write_text
 from nmt_cli.checkpoints.format import load, write_error
 from nmt_cli.config import ModelConfig, preset
 from nmt_cli.data import multilingual
@@ -23,7 +23,6 @@ from nmt_cli.data.store import SPM_MODEL, ParallelData, check_vocab_size, load_m
 from nmt_cli.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nmt_cli.runtime import cpus
 from nmt_cli.training import recipe_file
-from nmt_cli.training.checkpoints import LAST, plain
 from nmt_cli.training.config import (
     BatchPlan,
     TrainConfig,
@@ -36,11 +35,11 @@ from nmt_cli.training.config import (
     resolve_valid_every,
     resolve_valid_minutes,
 )
-from nmt_cli.training.runtime import Launch, Runtime, plan_launch, torchrun_env
+from nmt_cli.training.distributed.process import Runtime
+from nmt_cli.training.distributed.world import Launch, plan_launch, torchrun_env
+from nmt_cli.training.files import CONFIG_JSON, CONFIG_YAML, LAST
 from nmt_cli.training.schedule import peak_lr
-
-CONFIG_JSON = "config.json"
-CONFIG_YAML = "config.yaml"  # the recipe, for nmt train --config (recipe_file.py)
+from nmt_cli.training.state import plain
 
 
 @dataclass
@@ -260,7 +259,7 @@ def _check_writable(out_dir: Path) -> None:
 def _init_from(cfg: TrainConfig, tokenizer) -> tuple[ModelConfig, str]:
     """--init-from: the model configuration (this run's dropout) and the checkpoint file holding the weights (a
     MarianMT model converted once, pretrained.py). The data must be encoded with that model's own tokenizer."""
-    from nmt_cli.checkpoints import pretrained
+    from nmt_cli.importers import pretrained
 
     ckpt, origin = pretrained.load(cfg.init_from)
     if ckpt.tokenizer_key() != tokenizer.key():

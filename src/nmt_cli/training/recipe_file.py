@@ -1,8 +1,8 @@
 """A run's recipe as a YAML file: `RUN_DIR/config.yaml` (every run writes one), `nmt train --config FILE` (reads
 one) and `nmt train --print-config` (prints one).
 
-The keys are TrainConfig's and ModelConfig's field names, in sections derived from the dataclasses, so an option
-added to TrainConfig joins the file by itself (in `recipe:` unless it is named below):
+The keys are TrainConfig's and ModelConfig's field names, in the sections TrainConfig's declarations name
+(training/config.py: each option's `section`), so an option added to TrainConfig joins the file by itself:
 
     preset, init_from, out_dir   what the run starts from, where it writes
     model:     the ModelConfig's fields: the preset's, with the run's overrides (the vocabulary is the data's)
@@ -10,12 +10,14 @@ added to TrainConfig joins the file by itself (in `recipe:` unless it is named b
     data:      data_dir
     machine:   precision, processes, threads, compilation, timeouts, log lines
 
-What is written: the values a preset fills in (the model, warmup, update_tokens, max_steps) as numbers; a value a
-run computes when it starts, from other values or from the machine (null or auto: lr from d_model and warmup, the
-batch sizes, the GPU count, threads), as given, with what this run computed in a comment: the file repeats the
-run and stays valid on another machine. What is read: a value equal to the file's preset's is the preset's
-default, so that `--preset` on the command line changes it. An unknown key, a wrong type or a file that is not a
-YAML mapping is one line naming the key.
+What is written: the values a preset fills in (the model, and every option declared with a value per preset:
+warmup, update_tokens, max_steps, save_every, average_last; keep_last from average_last) as numbers, with the
+rule for shorter runs in a comment; a value a run computes when it starts, from other values or from the machine
+(null or auto: lr from d_model and warmup, the batch sizes, the GPU count, threads), as given, with how it is
+decided (and, in a run's file, what this run computed) in a comment: the file repeats the run and stays valid on
+another machine. What is read: a value equal to the file's preset's is the preset's default, so that `--preset`
+on the command line changes it. An unknown key, a wrong type (checked by pydantic against the field's type) or a
+file that is not a YAML mapping is one line naming the key.
 """
 
 from __future__ import annotations
@@ -30,27 +32,55 @@ import typing
 from pathlib import Path
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 from nmt_cli import __version__
 from nmt_cli.config import PRESETS, ModelConfig, preset
 from nmt_cli.errors import ConfigError
-from nmt_cli.training.config import FINE_TUNE_OVERRIDES, MODEL_OVERRIDES, RECIPES, TrainConfig
+from nmt_cli.training.config import (
+    FINE_TUNE_OVERRIDES,
+    KEEP_AT_LEAST,
+    MODEL_OVERRIDES,
+    TrainConfig,
+    declarations,
+    recipe,
+)
 
-TOP = ("preset", "init_from", "out_dir")
-DATA = ("data_dir",)
-MACHINE = ("precision", "gpus", "cpu_procs", "threads", "compile", "compile_shapes", "dist_timeout", "log_every")
+_DECLARED = declarations()
+TOP = tuple(sorted((k for k, o in _DECLARED.items() if o.section == "top"), key=lambda k: k == "out_dir"))
+DATA = tuple(k for k, o in _DECLARED.items() if o.section == "data")
+MACHINE = tuple(k for k, o in _DECLARED.items() if o.section == "machine")
+RECIPE = tuple(k for k, o in _DECLARED.items() if o.section == "recipe")
 NOT_IN_FILE = {  # fields and keys a file does not set, and why
-    "resume": "whether to resume is decided by each command (--resume/--no-resume); remove it",
+    **{k: o.not_in_file for k, o in _DECLARED.items() if o.not_in_file},
     "vocab_size": "the vocabulary comes from DATA_DIR (nmt prepare --vocab-size); remove it",
     "pad_id": "the padding id is fixed by nmt's tokenizers; remove it",
 }
-RECIPE = tuple(f.name for f in dataclasses.fields(TrainConfig)
-               if f.name not in (*TOP, *DATA, *MACHINE, "model") and f.name not in NOT_IN_FILE)
 MODEL = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in NOT_IN_FILE)
 SECTIONS = {"model": MODEL, "recipe": RECIPE, "data": DATA, "machine": MACHINE}
-PRESET_FILLED = ("warmup", "update_tokens", "max_steps")  # recipe keys written as the preset's value when unset
+# recipe keys written as the preset's value when unset: those declared per preset, and keep_last (from average_last)
+PRESET_FILLED = (*(k for k in RECIPE if _DECLARED[k].per_preset), "keep_last")
 _FOLLOWS = "A value equal to the preset's is read as the preset's default: it follows --preset."
 _EXPECTED = {"max_tokens": "a positive integer, auto or null", "update_freq": "a positive integer or auto"}
+
+
+def preset_value(name: str, key: str, values: dict):
+    """What preset `name` gives recipe key `key` when it is left unset, the file's or run's other `values` given
+    (keep_last follows average_last)."""
+    if key == "keep_last":
+        return max(KEEP_AT_LEAST, values.get("average_last") or recipe(name, "average_last"))
+    return recipe(name, key)
+
+
+def notes_for(section: str, keys, values: dict) -> dict[str, str]:
+    """The comments on `section`'s keys: how a null or auto is decided, and the rule behind a preset's value."""
+    notes = {}
+    for key in keys:
+        spec = _DECLARED[key]
+        rule = spec.note or spec.show_default
+        if rule and (values.get(key) in (None, "auto") or key in PRESET_FILLED):
+            notes[f"{section}.{key}"] = rule
+    return notes
 
 
 # ------------------------------------------------------------------------------------------------------ writing
@@ -66,12 +96,12 @@ def document(cfg: TrainConfig, model: ModelConfig | None = None) -> dict:
         section = ({k: getattr(model, k) for k in FINE_TUNE_OVERRIDES} if model is not None else dict(cfg.model))
     else:
         section = {k: getattr(model, k) for k in MODEL}
-    recipe = {k: values[k] for k in RECIPE}
+    recipe_ = {k: values[k] for k in RECIPE}
     for key in PRESET_FILLED:
-        if recipe[key] is None:
-            recipe[key] = RECIPES[cfg.preset][key]
+        if recipe_[key] is None:
+            recipe_[key] = preset_value(cfg.preset, key, values)
     doc = {k: values[k] for k in TOP}
-    doc.update(model=section, recipe=recipe, data={k: values[k] for k in DATA},
+    doc.update(model=section, recipe=recipe_, data={k: values[k] for k in DATA},
                machine={k: values[k] for k in MACHINE})
     return _plain(doc)
 
@@ -94,6 +124,14 @@ def for_run(plan) -> str:
     if cfg.init_from is not None:
         notes["model"] += (f"; the rest of the architecture is init_from's (d_model {mc.d_model}, "
                            f"{mc.encoder_layers}+{mc.decoder_layers} layers, {mc.activation})")
+    values = cfg.to_dict()
+    notes.update(notes_for("recipe", RECIPE, values))
+    notes.update(notes_for("machine", MACHINE, values))
+    for key, ran in (("save_every", plan.save_every), ("average_last", plan.average_last),
+                     ("keep_last", plan.keep_last), ("valid_every", plan.valid_every),
+                     ("save_every_minutes", plan.save_minutes), ("valid_every_minutes", plan.valid_minutes)):
+        if values[key] is None:
+            notes[f"recipe.{key}"] = f"this run: {ran}; " + notes.get(f"recipe.{key}", "")
     if cfg.lr is None:
         notes["recipe.lr"] = f"this run: peak {peak_lr(mc.d_model, plan.warmup):.3g} = d_model^-0.5 * warmup^-0.5"
     if cfg.max_tokens in (None, "auto"):
@@ -112,12 +150,14 @@ def preview(cfg: TrainConfig) -> str:
     """What `nmt train --print-config` prints: the recipe a run with `cfg` would use, before any data is read."""
     from nmt_cli.training.schedule import peak_lr
 
-    notes = {"model": "vocab_size: DATA_DIR's vocabulary"}
+    values = cfg.to_dict()
+    notes = {"model": "vocab_size: DATA_DIR's vocabulary", **notes_for("recipe", RECIPE, values),
+             **notes_for("machine", MACHINE, values)}
     if cfg.init_from is not None:
         notes["model"] += "; the architecture is init_from's"
     elif cfg.lr is None:
         d_model = cfg.model.get("d_model", PRESETS[cfg.preset].d_model)
-        warmup = cfg.warmup or RECIPES[cfg.preset]["warmup"]
+        warmup = cfg.warmup or recipe(cfg.preset, "warmup")
         notes["recipe.lr"] = f"peak {peak_lr(d_model, warmup):.3g} = d_model^-0.5 * warmup^-0.5"
     header = [f"nmt train --print-config --preset {cfg.preset} (nmt {__version__}, torch {_torch_version()}).",
               "Train with it: nmt train --config FILE DATA_DIR -o RUN_DIR (options given on the command line "
@@ -248,7 +288,7 @@ def _as_overrides(path, kwargs: dict, model: dict) -> dict:
             raise ConfigError(f"{path}: model.{k} {model[k]!r} is not preset {name}'s {getattr(base, k)!r}, and a "
                               f"run cannot change it (only {', '.join(MODEL_OVERRIDES)}); remove it")
     for key in PRESET_FILLED:
-        if key in kwargs and kwargs[key] == RECIPES[name][key]:
+        if key in kwargs and kwargs[key] == preset_value(name, key, kwargs):
             kwargs[key] = None
     if model:
         kwargs["model"] = model
@@ -256,41 +296,23 @@ def _as_overrides(path, kwargs: dict, model: dict) -> dict:
 
 
 def _typed(path, where: str, value, hint, expected: str | None = None):
-    """`value` as the field's type (an integer is a number; a list of two numbers is a tuple of two), or a
-    ConfigError naming the key, the expected type and what the file gives."""
-    try:
-        return _convert(value, hint)
-    except _Mismatch:
+    """`value` as the field's type, checked by pydantic in strict mode (an integer is a number, never text or a
+    boolean; a list of two numbers is a tuple of two), or a ConfigError naming the key, the expected type and what
+    the file gives."""
+    try:  # (YAML has lists only: a tuple field takes one)
+        return _adapter(hint).validate_python(tuple(value) if typing.get_origin(hint) is tuple and
+                                              isinstance(value, list) else value, strict=True)
+    except ValidationError:
         raise ConfigError(f"{path}: {where} must be {expected or _expected(hint)}, got {_shown(value)}") from None
 
 
-class _Mismatch(Exception):
-    pass
+_ADAPTERS: dict = {}
 
 
-def _convert(value, hint):
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            try:
-                return _convert(value, arg)
-            except _Mismatch:
-                pass
-    elif origin is tuple:
-        if isinstance(value, (list, tuple)) and len(value) == len(args):
-            return tuple(_convert(v, a) for v, a in zip(value, args, strict=True))
-    elif hint is type(None):
-        if value is None:
-            return None
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(hint, type) and isinstance(value, hint):  # bool, str, dict
-        return value
-    raise _Mismatch
+def _adapter(hint) -> TypeAdapter:
+    if hint not in _ADAPTERS:
+        _ADAPTERS[hint] = TypeAdapter(hint)
+    return _ADAPTERS[hint]
 
 
 def _expected(hint) -> str:

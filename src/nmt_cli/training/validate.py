@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -32,8 +31,8 @@ from nmt_cli.data.batching import make_batches
 from nmt_cli.data.store import ParallelData, collate
 from nmt_cli.data.tokenizer import Tokenizer
 from nmt_cli.errors import TrainingError
+from nmt_cli.training.distributed.process import DTYPES, Runtime
 from nmt_cli.training.loss import label_smoothed_cross_entropy
-from nmt_cli.training.runtime import DTYPES, Runtime
 
 
 def deal(lengths: np.ndarray, rank: int, world_size: int) -> np.ndarray:
@@ -160,26 +159,6 @@ def validator_for(data: ParallelData | None, tokenizer: Tokenizer, rt: Runtime, 
     if directions:  # a multilingual run: each direction on its own, their mean for "best"
         return PerDirection({key: Validator(rows, *args) for key, rows in directions.items() if len(rows)})
     return Validator(data, *args)
-
-
-@dataclass
-class Best:
-    """The best validation so far by `criterion` (valid_bleu: the higher the better; valid_nll: the lower) and how
-    many validations since have not improved on it (--patience)."""
-
-    criterion: str
-    value: float | None = None
-    step: int | None = None
-    bad: int = 0
-
-    def improved(self, valid: dict, step: int) -> bool:
-        """Take validation `valid` of update `step` into account; -> whether it is the new best."""
-        value = valid[self.criterion]
-        if self.value is None or (value > self.value if self.criterion == "valid_bleu" else value < self.value):
-            self.value, self.step, self.bad = value, step, 0
-            return True
-        self.bad += 1
-        return False
 
 
 def decoding_model(module, precision: str):

@@ -10,9 +10,11 @@ ranks itself otherwise (GPUs: once it has counted them, still before planning).
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import os
 import socket
+import sys
 import threading
 
 
@@ -24,26 +26,30 @@ def free_port() -> int:
 
 def early_world_size(gpus: int | None, cpu_procs: int) -> int | None:
     """The processes nmt will start for these options when that is known without torch: --cpu-procs N > 1
-    without GPUs, within what training/runtime.py's plan_launch accepts. None otherwise: one process, torchrun's,
+    without GPUs, within what world.py's plan_launch accepts. None otherwise: one process, torchrun's,
     or --gpus N (how many GPUs there are takes torch to say; `launch.train` starts those ranks after checking)."""
     if all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")) or gpus:
         return None
     return cpu_procs if 1 < cpu_procs <= (os.cpu_count() or 1) * 4 else None
 
 
-class Ranks:
-    """Spawned ranks 1..world_size-1, each waiting for the run's plan on a pipe."""
+AGREED_ERROR = 3  # a spawned rank's exit code for an error that rank 0 raises and reports too
 
-    def __init__(self, world_size: int):
+
+class Ranks:
+    """Spawned ranks 1..world_size-1, each waiting for the run's plan on a pipe. Each runs `entry` ("module:function",
+    imported in the rank: training/launch.py's child_main), called as entry(conn, rank, init_method)."""
+
+    def __init__(self, world_size: int, entry: str):
         ctx = mp.get_context("spawn")
-        self.world_size = world_size
+        self.world_size, self.entry = world_size, entry
         self.init_method = f"tcp://127.0.0.1:{free_port()}"
         self.conns, self.procs = [], []
         for rank in range(1, world_size):
             ours, theirs = ctx.Pipe()
             # (not daemonic: a rank may start processes of its own, e.g. torch.compile's workers; one whose rank 0
             # dies before sending the plan reads the end of the pipe and exits)
-            self.procs.append(ctx.Process(target=_main, args=(theirs, rank, self.init_method)))
+            self.procs.append(ctx.Process(target=_main, args=(entry, theirs, rank, self.init_method)))
             self.procs[-1].start()
             theirs.close()
             self.conns.append(ours)
@@ -73,7 +79,26 @@ class Ranks:
                 p.kill()
 
 
-def _main(conn, rank: int, init_method: str) -> None:
-    from nmt_cli.training.launch import child_main  # (torch: imported here, in the rank)
+    def watch(self, done: threading.Event) -> threading.Thread:
+        """Until `done`: if a spawned rank dies while rank 0 still runs, rank 0 would block in a collective, so the
+        run ends (the others are terminated, this process exits 1)."""
+        thread = threading.Thread(target=_watch, args=(self.procs, done), daemon=True)
+        thread.start()
+        return thread
 
-    child_main(conn, rank, init_method)
+
+def _watch(procs: list, done: threading.Event) -> None:
+    while not done.wait(1.0):
+        for p in procs:
+            if p.exitcode not in (None, 0, AGREED_ERROR):
+                print(f"error: training process {procs.index(p) + 1} exited with code {p.exitcode}; stopping",
+                      file=sys.stderr)
+                for q in procs:
+                    if q.is_alive():
+                        q.terminate()
+                os._exit(1)
+
+
+def _main(entry: str, conn, rank: int, init_method: str) -> None:
+    module, _, function = entry.partition(":")
+    getattr(importlib.import_module(module), function)(conn, rank, init_method)  # (torch: imported here, in the rank)

@@ -44,7 +44,7 @@ def store_address(init_method: str | None) -> tuple[str, int] | None:
 
 
 def connect(address: tuple[str, int] | None, timeout_s: float, run_round: int = 0):
-    """A client of the run's store with this run's (and torchrun restart round's: runtime.agree_round) key prefix;
+    """A client of the run's store with this run's (and torchrun restart round's: process_group.agree_round) key prefix;
     None without one."""
     if address is None:
         return None

@@ -14,9 +14,9 @@ import os
 from pathlib import Path
 
 from nmt_cli.checkpoints import format as ckpt_io
-from nmt_cli.checkpoints import marian
 from nmt_cli.errors import CheckpointError
 from nmt_cli.hub import pull as hub
+from nmt_cli.importers import marian
 
 CONVERTER_VERSION = 1  # part of every cache key: a fixed converter never reuses an older conversion
 
