@@ -131,38 +131,40 @@ class Masked:
 @pytest.mark.parametrize("options", SEARCHES)
 @pytest.mark.parametrize("ensemble", [False, True])
 def test_a_search_over_the_candidates_equals_the_full_search_masked_to_them(options, ensemble):
-    """Scoring only the candidates (their own columns, mapped back to pieces; the constraints mapped to columns) is
-    the full search with every other piece impossible: the same hypotheses and scores."""
+    """Scoring only a sentence's candidates (columns mapped back to pieces, the constraints mapped to columns, the
+    group's other columns impossible) is the full search with every other piece impossible: the same hypotheses
+    and scores, in a batch as alone."""
     model = Ensemble([tiny(1), tiny(2)]) if ensemble else tiny(1)
     src, mask = sources(6)
     prefix = [[40 + i] * (i % 3) for i in range(6)]
     cfg = SearchConfig(**options, max_len_a=1.0, max_len_b=6)
     short = random_shortlist()
-    probe = short.candidates(per=cfg.beam)
-    probe.admit(src, torch.tensor([p + [PAD_ID] * (2 - len(p)) for p in prefix]))
-    allowed = torch.zeros(VOCAB, dtype=torch.bool)
-    allowed[probe.ids[0]] = True
-    assert int(allowed.sum()) < VOCAB  # (a real restriction)
     for pre in (None, [prefix]):
         gen = None if not cfg.sampling else torch.Generator().manual_seed(cfg.seed)
         over = decode_batches(model, [(src, mask)], cfg, pre, generator=gen, shortlist=short)[0]
-        gen = None if not cfg.sampling else torch.Generator().manual_seed(cfg.seed)
-        full = decode_batches(Masked(model, allowed), [(src, mask)], cfg, pre, generator=gen)[0]
-        for o, f in zip(over, full, strict=True):
-            assert all(allowed[h.tokens].all() for h in o)
+        for i, hyps in enumerate(over):
+            allowed = short.allowed.clone()
+            allowed[short.table[src[i]].flatten()] = True
+            if pre:
+                allowed[prefix[i]] = True
+            assert int(allowed.sum()) < VOCAB // 2  # (a real restriction)
+            assert all(allowed[h.tokens].all() for h in hyps)
             if cfg.sampling:  # the same distribution, in other columns: other draws
                 continue
-            assert [h.tokens for h in o] == [h.tokens for h in f]
-            assert [h.score for h in o] == pytest.approx([h.score for h in f], abs=1e-4)
+            alone = decode_batches(Masked(model, allowed), [(src[i : i + 1], mask[i : i + 1])], cfg,
+                                   [[prefix[i]]] if pre else None)[0][0]
+            assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+            assert [h.score for h in hyps] == pytest.approx([h.score for h in alone], abs=1e-4)
 
 
-def test_sentences_scored_in_groups_equal_each_sentence_alone():
-    """A sentence in a group of its own (`group` 1) gets what it gets decoded alone, in a batch that joins others
-    and loses finished sentences."""
+@pytest.mark.parametrize("group", [1, 4])
+def test_a_sentences_translation_does_not_depend_on_the_others(group):
+    """In groups of one or several sentences, in a batch that joins others and loses finished sentences: each
+    sentence gets what it gets decoded alone."""
     model = tiny(4)
     src, mask = sources(12, seed=7)
     cfg = SearchConfig(beam=4, nbest=2, max_len_a=1.0, max_len_b=6)
-    short = random_shortlist(group=1)
+    short = random_shortlist(group=group)
     batches = [(src[:6], mask[:6]), (src[6:], mask[6:])]
     together = sum(decode_batches(model, batches, cfg, join_below=1.0, shortlist=short), [])
     for i in range(12):

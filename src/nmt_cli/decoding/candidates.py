@@ -2,9 +2,10 @@
 for each sentence the lists of its source pieces, plus the pieces always allowed (the frequent ones, the specials,
 language tags, its prefix). The step's output projection, log-softmax and search run over these columns only.
 
-Sentences are scored in groups of up to GROUP sentences (those that started together, in order), each group over
-the union of its sentences' candidates: a group's union stays small where a whole batch's would cover most of the
-vocabulary. Every group has the same number of columns W (a multiple of MULTIPLE, filled up with the lowest ids
+Sentences are scored in groups of up to GROUP sentences (those that started together, in order), each group's
+projection over the union of its sentences' candidates: a group's union stays small where a whole batch's would
+cover most of the vocabulary. Each row then keeps its own sentence's candidates only (the others -inf, `mask`), so
+a sentence's translation does not depend on which sentences share its batch or group (offline, joined, served). Every group has the same number of columns W (a multiple of MULTIPLE, filled up with the lowest ids
 missing: sentencepiece numbers pieces by frequency, roughly), so that the step's logits are one [R, W] tensor; a
 group's columns are its sorted ids, so the specials (ids 0-3) keep their columns and the constraints on PAD, BOS and
 EOS need no mapping. `to_ids` maps a sentence's columns back to pieces, `to_columns` a row's pieces to columns.
@@ -113,15 +114,17 @@ class Candidates:
         if layers is None or len(layers) < len(self.masks):
             layers = (layers or []) + [model.output_over(ids) for ids in self.ids[len(layers or []) :]]
             self._outputs[id(model)] = layers
-        groups, rows = self._groups()
-        if len(groups) == 1:
-            return layers[groups[0]]
+        groups, rows, others = self._groups()
 
         def project(x: Tensor) -> Tensor:
-            out = x.new_empty(x.size(0), self.width)
-            for g, r in zip(groups, rows, strict=True):
-                out.index_copy_(0, r, layers[g](x.index_select(0, r)))
-            return out
+            if len(groups) == 1:
+                out = layers[groups[0]](x)
+            else:
+                out = x.new_empty(x.size(0), self.width)
+                for g, r in zip(groups, rows, strict=True):
+                    out.index_copy_(0, r, layers[g](x.index_select(0, r)))
+            out[: others.size(0)].masked_fill_(others, float("-inf"))  # each row: its own sentence's candidates
+            return out  # (rows past the sentences': padding, dropped by the step)
 
         return project
 
@@ -136,13 +139,15 @@ class Candidates:
 
     # ------------------------------------------------------------------ inside
 
-    def _groups(self) -> tuple[list[int], list[Tensor]]:
-        """The groups with sentences now, and each one's rows (in the step's row order)."""
+    def _groups(self) -> tuple[list[int], list[Tensor], Tensor]:
+        """The groups with sentences now, each one's rows (in the step's row order), and the columns of each row
+        that are not its own sentence's candidates [R, W] (made once per set of sentences)."""
         if self._layout is None:
             groups = torch.unique(self.of).tolist()
             row_group = self.of.repeat_interleave(self.per)
             rows = [] if len(groups) == 1 else [(row_group == g).nonzero().squeeze(1) for g in groups]
-            self._layout = (groups, rows)
+            own = self.rows.gather(1, self.ids.index_select(0, self.of))  # [N, W]
+            self._layout = (groups, rows, (~own).repeat_interleave(self.per, dim=0))
         return self._layout
 
     def _columns(self, first: int) -> None:
