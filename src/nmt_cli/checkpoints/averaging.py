@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from nmt_cli.checkpoints.format import Checkpoint, load
+from nmt_cli.data.shortlist import same as same_shortlist
 from nmt_cli.errors import CheckpointError
 
 _PERIODIC = re.compile(r"^checkpoint_(\d+)\.pt$")
@@ -57,7 +58,7 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> Checkpoint:
                 sums[k] += v.to(torch.float64)
             else:
                 sums[k] = v.clone()
-        if not _same_shortlist(shortlist, ckpt.shortlist):
+        if not same_shortlist(shortlist, ckpt.shortlist):
             shortlist = None  # the inputs' shortlists differ: the average has none (nmt shortlist adds one)
         last = ckpt
     n = len(paths)
@@ -67,13 +68,6 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> Checkpoint:
     return Checkpoint(first.model_config, state, first.tokenizer, dict(first.langs), None, meta,
                       first.target_tokenizer, first.vocab, shortlist)
 
-
-def _same_shortlist(a: dict | None, b: dict | None) -> bool:
-    """Whether two checkpoints' vocabulary shortlists (data/shortlist.py, as stored) are the same."""
-    if a is None or b is None:
-        return False
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
-                                        for k in a)
 
 
 def last_checkpoints(run_dir: str | os.PathLike, n: int, note=None) -> list[Path]:

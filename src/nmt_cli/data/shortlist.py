@@ -67,8 +67,15 @@ class Shortlist:
         return out
 
     def same(self, other: Shortlist | None) -> bool:
-        return (other is not None and self.statistic == other.statistic and torch.equal(self.pieces, other.pieces)
-                and torch.equal(self.frequent, other.frequent))
+        return other is not None and same(self.to_dict(), other.to_dict())
+
+
+def same(a: dict | None, b: dict | None) -> bool:
+    """Whether two shortlists, as stored in checkpoints (`Shortlist.to_dict`), are the same."""
+    if a is None or b is None:
+        return False
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+                                        for k in a)
 
 
 def evenly(n: int, most: int) -> np.ndarray:

@@ -114,7 +114,7 @@ class Candidates:
         if layers is None or len(layers) < len(self.masks):
             layers = (layers or []) + [model.output_over(ids) for ids in self.ids[len(layers or []) :]]
             self._outputs[id(model)] = layers
-        groups, rows, others = self._groups()
+        groups, rows, others, _ = self._groups()
 
         def project(x: Tensor) -> Tensor:
             if len(groups) == 1:
@@ -134,20 +134,20 @@ class Candidates:
 
     def to_columns(self, ids: Tensor) -> Tensor:
         """Pieces of each row [R] or [R, X] -> their columns in the row's group (PAD's column, 0, where absent)."""
-        group = self.of.repeat_interleave(self.per)  # [R]
+        group = self._groups()[3]  # [R]
         return self.columns[group.view(-1, *([1] * (ids.dim() - 1))), ids]
 
     # ------------------------------------------------------------------ inside
 
-    def _groups(self) -> tuple[list[int], list[Tensor], Tensor]:
-        """The groups with sentences now, each one's rows (in the step's row order), and the columns of each row
-        that are not its own sentence's candidates [R, W] (made once per set of sentences)."""
+    def _groups(self) -> tuple[list[int], list[Tensor], Tensor, Tensor]:
+        """The groups with sentences now, each one's rows (in the step's row order), the columns of each row that
+        are not its own sentence's candidates [R, W], and each row's group [R] (made once per set of sentences)."""
         if self._layout is None:
             groups = torch.unique(self.of).tolist()
             row_group = self.of.repeat_interleave(self.per)
             rows = [] if len(groups) == 1 else [(row_group == g).nonzero().squeeze(1) for g in groups]
             own = self.rows.gather(1, self.ids.index_select(0, self.of))  # [N, W]
-            self._layout = (groups, rows, (~own).repeat_interleave(self.per, dim=0))
+            self._layout = (groups, rows, (~own).repeat_interleave(self.per, dim=0), row_group)
         return self._layout
 
     def _columns(self, first: int) -> None:
