@@ -1,5 +1,6 @@
 """Self-contained, atomic, safe checkpoints."""
 
+import dataclasses
 import io
 import os
 import pickle
@@ -43,6 +44,23 @@ def test_round_trip_gives_identical_outputs(tmp_path, small_ckpt):
     tok = loaded.tokenizer_obj()
     assert tok.decode(tok.encode(["the cat sees a dog"])) == ["the cat sees a dog"]
     assert not list(tmp_path.glob("*.tmp")), "no temporary file left behind"
+
+
+def test_a_model_for_translation_shares_the_checkpoints_weights(tmp_path, small_ckpt):
+    """build_model(share=True): the model's tensors are the checkpoint's (one copy of the weights in memory while the
+    Translator packs them), converted only where a stored dtype differs; the outputs are the copied model's."""
+    state = dict(small_ckpt.model_state)
+    state["embed.weight"] = state["embed.weight"].half()  # e.g. a checkpoint stored in float16
+    ckpt = dataclasses.replace(small_ckpt, model_state=state)
+    shared, copied = ckpt.build_model(share=True), ckpt.build_model()
+    for name, tensor in shared.state_dict().items():
+        if name in state and name != "embed.weight":
+            assert tensor.data_ptr() == state[name].data_ptr(), name
+        assert tensor.dtype == copied.state_dict()[name].dtype, name
+    assert shared.embed.weight.dtype == torch.float32
+    src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
+    with torch.no_grad():
+        assert torch.equal(shared(src, tgt), copied(src, tgt))
 
 
 class _Evil:

@@ -34,6 +34,21 @@ def test_packed_linear_is_the_float32_product(bias, relu):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 sums in another order
 
 
+def test_encoder_products_run_with_few_row_counts():
+    """The encoder's tokens (3-D inputs) reach oneDNN padded to a multiple of 8 (a kernel and its buffers are kept per
+    row count: one sentence a call made one per length); a decoding step's rows (2-D) as they come."""
+    layer = PackedLinear(torch.randn(48, 32))
+    seen = []
+    op = layer._op
+    layer._op = lambda x, *args: seen.append(x.size(0)) or op(x, *args)
+    with torch.inference_mode():
+        for length in range(1, 33):
+            assert layer(torch.randn(1, length, 32)).shape == (1, length, 48)
+        layer(torch.randn(5, 32))
+    assert sorted(set(seen[:-1])) == [8, 16, 24, 32] and seen[-1] == 5
+    assert [packed.encoder_rows(n) for n in (1, 8, 9, 100, 127, 1000)] == [8, 8, 16, 104, 128, 1024]
+
+
 @pytest.mark.parametrize("share", [True, False])
 def test_packed_transformer_gives_the_same_logits_and_translations(share):
     model, src, tgt = tiny_model_and_batch(share)

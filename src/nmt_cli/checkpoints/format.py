@@ -50,13 +50,19 @@ class Checkpoint:
     vocab: list[str] | None = None  # an imported tokenizer's pieces, one per model id
     shortlist: dict[str, Any] | None = None  # a vocabulary shortlist (data/shortlist.py's Shortlist.to_dict)
 
-    def build_model(self, device: str | torch.device = "cpu"):
-        """A Transformer with these weights, in eval mode."""
+    def build_model(self, device: str | torch.device = "cpu", share: bool = False):
+        """A Transformer with these weights, in eval mode. `share`: the model's tensors are the checkpoint's own
+        where their dtypes match, not a copy of them (translation, which never writes them: one copy of the weights
+        in memory, not two, while the Translator packs or quantizes them)."""
         from nmt_cli.model import Transformer
 
         model = Transformer(self.model_config)
+        state = self.model_state
+        if share:
+            own = model.state_dict()
+            state = {k: v.to(own[k].dtype) if k in own and v.dtype != own[k].dtype else v for k, v in state.items()}
         try:
-            model.load_state_dict(self.model_state)
+            model.load_state_dict(state, assign=share)
         except RuntimeError as exc:
             raise CheckpointError(f"checkpoint weights do not match its model config: {str(exc).splitlines()[0]}") from exc
         return model.to(device).eval()

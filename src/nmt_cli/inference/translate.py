@@ -250,7 +250,7 @@ class Translator:
             self.warn("slow bf16", slow)
         self.tokenizer: Tokenizer = checkpoints[0].tokenizer_obj()
         self.source_lang = checkpoints[0].langs.get("src")  # the sentence rules of --split-sentences
-        models = [c.build_model(self.device).to(self.dtype) for c in checkpoints]
+        models = [c.build_model(self.device, share=True).to(self.dtype) for c in checkpoints]
         # each model's parameters, counted before packing or quantizing (which turn weights into buffers)
         self.model_parameters = [sum(p.numel() for p in m.parameters()) for m in models]
         if self.device.type == "cpu":
