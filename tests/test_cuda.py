@@ -403,7 +403,7 @@ def test_every_eager_path_waits_for_the_gpu_only_at_host_checks(options, static,
     host checks (one every GPU_CHECK_EVERY steps, the default on a GPU) runs under set_sync_debug_mode("error"),
     batches joining, prefixes given; and the outputs are those of checking every step (but for sampling)."""
     from nmt_cli.decoding import scheduler
-    from nmt_cli.decoding.config import Sources
+    from nmt_cli.decoding.batch import Sources
     from nmt_cli.inference.ensemble import Ensemble
 
     model = Ensemble([_tiny_model(1).cuda(), _tiny_model(2).cuda()]) if ensemble else _tiny_model().cuda()

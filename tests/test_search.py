@@ -810,7 +810,7 @@ def test_no_step_reads_the_device_between_host_checks(options, ensemble, monkeyp
     (counted through hooks: a run of 20 steps does as many as one of 3). On a GPU each read waits for the device:
     beam search's read where a CPU's is free (beam.READ_DEVICES) is turned off here, as on a GPU."""
     from nmt_cli.decoding import beam as beam_module
-    from nmt_cli.decoding.config import Sources
+    from nmt_cli.decoding.batch import Sources
     from nmt_cli.inference.ensemble import Ensemble
 
     monkeypatch.setattr(beam_module, "READ_DEVICES", ())

@@ -167,7 +167,7 @@ def test_ctrl_c_ends_every_stream_before_it_propagates(ckpt_path, monkeypatch, t
 
 def test_decode_batches_stops_at_a_host_check_when_asked(ckpt_path):  # noqa: F811
     from nmt_cli.decoding import decode_batches
-    from nmt_cli.decoding.config import source_batch
+    from nmt_cli.decoding.batch import source_batch
     from nmt_cli.decoding.scheduler import Stopped
 
     tr = translator(ckpt_path)

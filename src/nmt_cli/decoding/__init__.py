@@ -11,9 +11,10 @@
   slots.py        beam search's slot tables (a beam reorder moves a table, not the keys and values)
   offsets.py      merged segments' row offsets (sentences that began at different steps)
   attention.py    the attention arithmetic on 3-D batches (shared with alignments)
-  graphs.py       the step recorded and replayed as CUDA graphs
+  graphs.py       the step recorded and replayed as CUDA graphs (and the tensor layout a graph depends on)
   streams.py      several loops over one input's batches, each on a thread of its own (CPU)
-  config.py       SearchConfig, Hypothesis, the length penalty, maximum output lengths, Sources (a batch)
+  config.py       SearchConfig, Hypothesis, the length penalty, maximum output lengths
+  batch.py        Sources (a batch of sources on the device), the kept sentences' index, host-to-device copies
 """
 
 from nmt_cli.decoding.config import Hypothesis, SearchConfig, length_penalty, max_output_lengths

@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from nmt_cli.decoding.attention import attend
-from nmt_cli.decoding.config import index_on, layout_key
+from nmt_cli.decoding.batch import index_on
+from nmt_cli.decoding.graphs import layout_key
 from nmt_cli.decoding.layout import Exact, Static, bucket
 from nmt_cli.decoding.offsets import Offsets
 from nmt_cli.decoding.slots import Slots

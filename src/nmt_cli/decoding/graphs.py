@@ -156,3 +156,11 @@ def in_place(body: Callable[[int | Tensor], None], state) -> Callable[[int | Ten
                 setattr(state, name, old)
 
     return step
+
+
+def layout_key(*tensors: Tensor | None) -> tuple:
+    """Each tensor's address, shape and strides as ints (0 for an absent one): what a recorded CUDA graph depends on."""
+    out: list[int] = []
+    for x in tensors:
+        out += (0,) if x is None else (x.data_ptr(), *x.shape, *x.stride())
+    return tuple(out)

@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from nmt_cli.decoding.batch import Kept, Sources
 from nmt_cli.decoding.beam import BeamSearch
 from nmt_cli.decoding.candidates import Candidates, Shortlisting
-from nmt_cli.decoding.config import Hypothesis, Kept, SearchConfig, Sources, max_output_lengths
+from nmt_cli.decoding.config import Hypothesis, SearchConfig, max_output_lengths
 from nmt_cli.decoding.constraints import constrain, prefix_tensor
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs, graphable, in_place, step_key
 from nmt_cli.decoding.sampling import Sampling

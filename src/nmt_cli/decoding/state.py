@@ -13,7 +13,9 @@ import torch
 from torch import Tensor
 
 from nmt_cli.config import BOS_ID, PAD_ID
-from nmt_cli.decoding.config import Hypothesis, index_on, layout_key, length_penalty, to_device
+from nmt_cli.decoding.batch import index_on, to_device
+from nmt_cli.decoding.config import Hypothesis, length_penalty
+from nmt_cli.decoding.graphs import layout_key
 
 
 class SearchState:

@@ -32,7 +32,7 @@ def translate_fits(model, search, max_source: int, max_sentences: int, device: t
     batches one after the other (no joining), in the cache layout decoding will use (`static`: CUDA graphs' capacity
     buckets, more memory than the exact layout). The model's vocabulary size is read from its config."""
     from nmt_cli.decoding import decode_batches
-    from nmt_cli.decoding.config import Sources
+    from nmt_cli.decoding.batch import Sources
 
     forced = dataclasses.replace(search, min_len=10**9, nbest=1)
     vocab = model.config.vocab_size

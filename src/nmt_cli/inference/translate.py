@@ -28,8 +28,8 @@ from nmt_cli.config import EOS_ID
 from nmt_cli.data import shortlist as shortlist_data
 from nmt_cli.data.tokenizer import Tokenizer, language_tag
 from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
+from nmt_cli.decoding.batch import source_batch
 from nmt_cli.decoding.candidates import Shortlisting
-from nmt_cli.decoding.config import source_batch
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
 from nmt_cli.decoding.streams import decode_streams
 from nmt_cli.errors import CheckpointError, ConfigError, DataError

@@ -35,7 +35,7 @@ from itertools import count
 import torch
 
 from nmt_cli.decoding import Hypothesis, SearchConfig, decode_batches, encode_batch
-from nmt_cli.decoding.config import Sources, source_batch
+from nmt_cli.decoding.batch import Sources, source_batch
 from nmt_cli.inference.translate import Translator
 from nmt_cli.serve.turns import Turns
 

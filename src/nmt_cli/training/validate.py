@@ -97,7 +97,7 @@ class Validator:
         decoding engine as `nmt translate` decodes (Translator.translate_ids with one stream), at the run's
         precision (`decoding_model`)."""
         from nmt_cli.decoding import JOIN_BELOW, SearchConfig, decode_batches
-        from nmt_cli.decoding.config import source_batch
+        from nmt_cli.decoding.batch import source_batch
         from nmt_cli.inference.translate import TranslateConfig, stream_batches
         from nmt_cli.runtime.defaults import MAX_TOKENS_PER_DEVICE
 
