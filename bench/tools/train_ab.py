@@ -2,6 +2,7 @@
 
     python bench/tools/train_ab.py --old 4165a04                       # small Multi30k model, fp32, 3 rounds
     python bench/tools/train_ab.py --old 4165a04 --steps 60 --rounds 5 --threads 1
+    python bench/tools/train_ab.py --old 4165a04 --fairseq-python /work/fairseq-venv/bin/python --update-freq 1
 
 Each round runs the real CLI (`python -m nmt_cli.cli train`) once with the old source tree (`git archive OLD src`,
 put first on PYTHONPATH) and once with this checkout's, on the same prepared data (runs/m30k/data, or --data),
@@ -9,6 +10,10 @@ same seed and flags, so both read the same batches. The figures are steady-state
 the log windows after the first (start-up, data loading, the first --log-every updates, validations and saves
 are left out), as ms per update and target tokens/s. Machines are shared: the load average is printed
 before and after each run, and only figures from one run of this script are comparable.
+--fairseq-python PY adds fairseq 0.12.2 (installed in PY's environment) as a third contender, the same model and
+recipe on the same data (bench/tools/fairseq_train.py); each round starts with the next contender in turn. nmt's
+default --update-freq is auto (micro-batches up to the preset's ~25000 tokens per update); --update-freq N gives
+both trees, and fairseq, N micro-batches of --max-tokens per update (1 when fairseq takes part and none is given).
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
+
+from fairseq_train import run_once as fairseq_run_once
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--d-model", "256", "--d-ff", "1024", "--heads", "4", "--layers", "3", "--dropout", "0.1"]
@@ -38,6 +46,8 @@ def run_once(src: Path, data: Path, work: Path, args) -> dict:
     cmd = [sys.executable, "-m", "nmt_cli.cli", "train", str(data), "-o", str(out), "--preset", "base", *SMALL,
            "--max-tokens", str(args.max_tokens), "--max-steps", str(args.steps), "--log-every", str(args.log_every),
            "--precision", args.precision, "--threads", str(args.threads), "--no-resume", "--seed", "1"]
+    if args.update_freq:
+        cmd += ["--update-freq", str(args.update_freq)]
     env = {**os.environ, "PYTHONPATH": str(src)}
     load = os.getloadavg()[0]
     subprocess.run(cmd, check=True, env=env, capture_output=True)
@@ -62,20 +72,28 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4096)
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--update-freq", type=int, help="micro-batches per update for every contender (default: nmt's auto)")
+    ap.add_argument("--fairseq-python", help="also time fairseq-train, with this python (fairseq 0.12.2 installed)")
     args = ap.parse_args()
+    if args.fairseq_python and not args.update_freq:
+        args.update_freq = 1  # fairseq has no auto: all contenders get the same tokens per update
     if not (args.data / "manifest.json").exists():
         sys.exit(f"error: no prepared data in {args.data}; run RUN_DIR=runs/m30k bash bench/multi30k.sh or pass --data")
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {f"old {args.old}": old_tree(args.old, Path(tmp)), "this checkout": ROOT / "src"}
-        results: dict[str, list[dict]] = {name: [] for name in trees}
+        runs = {f"old {args.old}": partial(run_once, old_tree(args.old, Path(tmp))),
+                "this checkout": partial(run_once, ROOT / "src")}
+        if args.fairseq_python:
+            runs["fairseq 0.12.2"] = partial(fairseq_run_once, args.fairseq_python)
+        results: dict[str, list[dict]] = {name: [] for name in runs}
+        names = list(runs)
         for i in range(args.rounds):
-            for name, src in (trees.items() if i % 2 == 0 else reversed(trees.items())):
-                r = run_once(src, args.data, Path(tmp), args)
+            for name in names[i % len(names):] + names[:i % len(names)]:  # each round starts with the next one
+                r = runs[name](args.data, Path(tmp), args)
                 results[name].append(r)
                 print(f"round {i + 1} {name:<16} {r['ms_per_update']:7.0f} ms/update {r['tgt_tok_s']:7.0f} tgt tok/s "
                       f"(load {r['load'][0]:.2f} -> {r['load'][1]:.2f})", flush=True)
     print(f"\nbest of {args.rounds} rounds ({args.steps - args.log_every} updates each, {args.precision}, "
-          f"{args.threads} threads, --max-tokens {args.max_tokens}):")
+          f"{args.threads} threads, --max-tokens {args.max_tokens}, --update-freq {args.update_freq or 'auto'}):")
     for name, rs in results.items():
         best = min(rs, key=lambda r: r["ms_per_update"])
         print(f"  {name:<16} {best['ms_per_update']:7.0f} ms/update {best['tgt_tok_s']:7.0f} tgt tok/s")
