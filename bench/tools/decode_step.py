@@ -1,8 +1,11 @@
 """The cost of one incremental decoding step on CPU (`Transformer.step` plus the beam reorder of the cache, what
 beam search runs per step), for each cache layout, alternated in one process:
   exact     the default on CPU: attention over exactly the filled positions, the cache re-laid by each reorder
+  packed    exact, the products through oneDNN with prepacked weights (what translation uses on CPUs not Intel's;
+            --packed; fp32 only)
   static    the layout for compiled steps and CUDA graphs: capacity buckets, masked attention, in-place reorders
-  compiled  static, through torch.compile(fullgraph=True) of the step (inductor; --compile, slow to start)
+  compiled  static, through torch.compile(fullgraph=True) of the step (inductor; --compile, slow to start;
+            --autotune: frozen weights and max-autotune, inductor's C++ GEMM micro-kernels for the products)
 
     python bench/tools/decode_step.py                                        # small random model (Multi30k's shape)
     python bench/tools/decode_step.py --checkpoint runs/m30k/run/checkpoint_last.pt --precision int8 --rows 1,20,200
@@ -14,6 +17,7 @@ it. Prints ms per step (best of --rounds, each the mean of --steps steps after -
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import sys
 import time
@@ -66,6 +70,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--start", type=int, default=10, help="positions decoded before timing")
     p.add_argument("--compile", action="store_true", help="also time the compiled static step (inductor)")
+    p.add_argument("--autotune", action="store_true", help="compile with freezing and max-autotune (with --compile)")
+    p.add_argument("--packed", action="store_true", help="also time the exact layout with oneDNN's packed products")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if args.checkpoint:
@@ -80,13 +86,23 @@ def main() -> None:
 
         quantize_int8(model)
     print(f"one decoding step, {args.precision}, {args.threads} threads, {cpu_name()}; torch {torch.__version__}")
-    layouts = ["exact", "static"] + (["compiled"] if args.compile else [])
+    layouts = ["exact", "static"] + (["packed"] if args.packed else []) + (["compiled"] if args.compile else [])
+    models = {name: model for name in layouts}
+    if args.packed:
+        from nmt_cli.inference.packed import pack_linears
+
+        models["packed"] = pack_linears(copy.deepcopy(model))
+    options = {"options": {"freezing": True, "max_autotune": True}} if args.autotune else {}
     for rows in (int(r) for r in args.rows.split(",")):
         times: dict[str, list[float]] = {name: [] for name in layouts}
         for _ in range(args.rounds):
             for name in layouts:
-                model.compile_step(backend="inductor" if name == "compiled" else None)
-                times[name].append(per_step_ms(model, rows, args.steps, name, args.start))
+                if name == "compiled":
+                    model.compile_step(backend="inductor", **options)
+                else:
+                    model.compile_step(backend=None)
+                layout = "exact" if name == "packed" else name
+                times[name].append(per_step_ms(models[name], rows, args.steps, layout, args.start))
         model.compile_step(backend=None)
         print(f"  {rows:4d} rows: " + ", ".join(f"{name} {min(t):6.2f} ms" for name, t in times.items()))
 

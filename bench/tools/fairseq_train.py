@@ -12,7 +12,7 @@ smoothing 0.1, Adam(0.9, 0.98, 1e-9), inverse-sqrt schedule with 4000 warm-up up
 --max-tokens per micro-batch and --update-freq micro-batches per update (1 here, train_ab.py gives nmt the same).
 The figures are steady-state as in train_ab.py: fairseq's log windows (--log-format json, one every --log-every
 updates) after the first, as ms per update and target tokens/s (fairseq's wps counts target tokens with EOS, as
-nmt does). The fairseq environment is built by hand (Python 3.11 needs patches): see the commit that added this.
+nmt does). The fairseq environment is built by hand (Python 3.11 needs patches): bench/tools/fairseq_py311/README.md (the steps and the patches).
 """
 
 from __future__ import annotations
