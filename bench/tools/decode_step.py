@@ -92,7 +92,12 @@ def main() -> None:
         from nmt_cli.inference.packed import pack_linears
 
         models["packed"] = pack_linears(copy.deepcopy(model))
-    options = {"options": {"freezing": True, "max_autotune": True}} if args.autotune else {}
+    options = {}
+    if args.autotune:  # (freezing read from inductor's config: given in `options` it did not take effect)
+        from torch._inductor import config as inductor_config
+
+        inductor_config.freezing = True
+        options = {"mode": "max-autotune-no-cudagraphs"}
     for rows in (int(r) for r in args.rows.split(",")):
         times: dict[str, list[float]] = {name: [] for name in layouts}
         for _ in range(args.rounds):
