@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 WORK = ROOT / "runs" / "bench_train"
 MULTI30K = DATA / "multi30k"
-FAIRSEQ_SMALL_TOK_S = 3300  # quoted, not measured here: fairseq, small Multi30k config, 2-core CPU, fp32
+FAIRSEQ_SMALL_TOK_S = 3300  # quoted: fairseq, small Multi30k config, 2-core CPU, fp32 (measured beside nmt: tools/train_ab.py)
 
 
 # ---- peak ------------------------------------------------------------------------------------------------------
