@@ -49,7 +49,7 @@ def test_quantized_transformer_gives_the_float_distribution(share):
         quantize_int8(model)
         got = model(src, tgt).log_softmax(-1)
     assert not any(type(m) is nn.Linear for m in model.modules())
-    assert isinstance(model.output_layer, Int8Linear)
+    assert isinstance(model.output_layer.layer, Int8Linear)
     assert (got - reference).abs().max() < 0.25  # log-probabilities of a 50-token vocabulary (~ -3.9 each)
     assert relative_error(got.exp(), reference.exp()) < 0.05
 
@@ -162,7 +162,7 @@ def test_a_quantized_model_has_the_chosen_output_projection_and_the_float_distri
         reference = model(src, tgt).log_softmax(-1)
         quantize_int8(model)
         got = model(src, tgt).log_softmax(-1)
-    assert model.output_layer.engine == engine
+    assert model.output_layer.layer.engine == engine
     assert all(m.engine == "fbgemm" for m in model.modules() if isinstance(m, Int8Linear) and m is not model.output_layer)
     assert relative_error(got.exp(), reference.exp()) < 0.05
 

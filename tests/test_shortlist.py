@@ -200,8 +200,11 @@ def test_a_checkpoints_shortlist_is_used_on_a_cpu_and_can_be_turned_off(tmp_path
     monkeypatch.setattr(Transformer, "output_over", lambda self, ids: (made.append(len(ids)), real(self, ids))[1])
     lines = ["the dog sees a cat", "a red house", ""]
     assert len(on.translate(lines)) == 3 and made  # the projection over the candidates (int8: an int8 one)
+    # packed or int8: the whole vocabulary's projection is made at its first use only, and with the shortlist never
+    assert on.model.output_layer is None or on.model.output_layer._layer is None
     count = len(made)
     assert len(off.translate(lines)) == 3 and len(made) == count
+    assert off.model.output_layer is None or off.model.output_layer._layer is not None
     plain = make_checkpoint(tmp_path / "plain.pt", toy_tokenizer_bytes)
     assert Translator(load_checkpoints([plain]), "cpu", precision).shortlist is None  # none: the whole vocabulary
 

@@ -13,6 +13,7 @@ the cache; the cache (nmt_cli.decoding.cache) attends over what it holds.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
 import torch.nn.functional as F
@@ -114,11 +115,34 @@ class FeedForward(nn.Module):
         return self.fc2.forward(self.dropout(h) if self.training else h)
 
 
+class LazyProjection(nn.Module):
+    """An inference-only model's output projection over the whole vocabulary, made by `make(weight, bias)` at its first
+    use (`layer`): a CPU translation with a vocabulary shortlist projects over some rows only (`output_over`), so the
+    whole vocabulary's packed or quantized copy (the base shape's: 76 MB in float32) is made only where something
+    asks for every row (no shortlist, token scores, alignments, validation)."""
+
+    def __init__(self, make, weight: Tensor, bias: Tensor | None):
+        super().__init__()
+        self.__dict__.update(make=make, weight=weight, bias=bias, _layer=None, _lock=threading.Lock())
+
+    @property
+    def layer(self) -> nn.Module:
+        if self._layer is None:
+            with self._lock:  # (decoding streams share the model)
+                if self._layer is None:
+                    with torch.no_grad():
+                        self.__dict__["_layer"] = self.make(self.weight, self.bias)
+        return self._layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer.forward(x)
+
+
 def replace_linears(model: nn.Module, layer, output=None) -> nn.Module:
     """Inference-only products (int8.py, packed.py): replace every nn.Linear of `model` by `layer(weight, bias)`,
     with the feed-forward ReLU fused into the first as `layer(weight, bias, relu=True)`, and give it such an output
-    projection (`model.output_layer`, from the shared embedding or `out_proj`; made by `output` where given). In
-    place; returns the model."""
+    projection (`model.output_layer`, from the shared embedding or `out_proj`; made by `output` where given, at its
+    first use: LazyProjection). In place; returns the model."""
     untied = getattr(model, "out_proj", None)
     output_weight = untied.weight if untied is not None else model.embed.weight
     with torch.no_grad():
@@ -128,7 +152,7 @@ def replace_linears(model: nn.Module, layer, output=None) -> nn.Module:
             for name, child in list(module.named_children()):
                 if type(child) is nn.Linear:
                     setattr(module, name, layer(child.weight, child.bias))
-        model.output_layer = (output or layer)(output_weight, model.output_bias)
+        model.output_layer = LazyProjection(output or layer, output_weight.detach(), model.output_bias)
         # the same kind of product over a shortlist's rows, from the float weights (output_over; plain attributes,
         # not registered: an untied out_proj's float weight stays referenced here)
         model.__dict__.update(output_factory=output or layer, output_float=output_weight.detach())
