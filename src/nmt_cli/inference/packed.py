@@ -12,12 +12,13 @@ changes).
 
 oneDNN, and torch's ideep layer over it, prepare a kernel with its buffers for every product shape they see (the
 first call of a new shape is slower than the next ones), and keep up to 1024 shapes each; a decoding step's row
-count changes every step, so unbounded, memory grows with the input. So a step's rows are padded with zero rows towards a multiple of
-ROW_MULTIPLE (`Transformer.row_multiple`, `decoding.step.padded_rows`: at most 1/8 more rows, none for one sentence's few),
-the encoder's tokens likewise here (`encoder_rows`: a multiple of 8 at least, so that one sentence a call makes a
-shape per 8 lengths, not one per length: 41 MB less peak memory over 50 Multi30k sentences), and `bound_caches()` caps both caches at ONEDNN_CACHE shapes before oneDNN's first use (which reads them once per
-process): the shapes recur and stay prepared, and memory is bounded by the cap (a cached output projection holds
-buffers of its rows x vocabulary). The Translator does both for every CPU translation that runs on oneDNN (fp32 here, bf16).
+count changes every step, so unbounded, memory grows with the input. So a step's rows are padded with zero rows
+towards a multiple of ROW_MULTIPLE (`Transformer.row_multiple`, `decoding.step.padded_rows`: at most 1/8 more rows,
+none for one sentence's few), the encoder's tokens likewise here (`encoder_rows`: a multiple of 8 at least, so that
+one sentence a call makes a shape per 8 lengths, not one per length: 41 MB less peak memory over 50 Multi30k
+sentences), and `bound_caches()` caps both caches at ONEDNN_CACHE shapes before oneDNN's first use (which reads them
+once per process): the shapes recur and stay prepared, and memory is bounded by the cap (a cached output projection
+holds buffers of its rows x vocabulary). The Translator does both for every CPU translation that runs on oneDNN (fp32 here, bf16).
 
 This is an inference-only transformation, as int8.py's: a packed model is never trained or saved.
 """
