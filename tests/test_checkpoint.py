@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from nmt_cli.checkpoints import format as ckpt_mod
 from nmt_cli.checkpoints.format import Checkpoint, load, save
@@ -58,6 +59,9 @@ def test_a_model_for_translation_shares_the_checkpoints_weights(tmp_path, small_
             assert tensor.data_ptr() == state[name].data_ptr(), name
         assert tensor.dtype == copied.state_dict()[name].dtype, name
     assert shared.embed.weight.dtype == torch.float32
+    assert not any(t.is_meta for t in [*shared.parameters(), *shared.buffers()])  # built without weights, then given
+    assert torch.equal(shared.positions, copied.positions)
+    assert nn.Linear.reset_parameters is not None and nn.Linear(8, 8).weight.abs().sum() > 0  # initialising restored
     src, tgt = torch.randint(4, 40, (2, 6)), torch.randint(4, 40, (2, 5))
     with torch.no_grad():
         assert torch.equal(shared(src, tgt), copied(src, tgt))

@@ -25,11 +25,12 @@ from nmt_cli.decoding.cache import DecoderCache
 
 
 def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).  -> [n_positions, D]"""
-    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)  # [P, 1]
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # [D/2]
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).  -> [n_positions, D], on the
+    CPU (also inside a meta-device context: Transformer.without_weights)."""
+    pos = torch.arange(n_positions, dtype=torch.float64, device="cpu").unsqueeze(1)  # [P, 1]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")  # [D/2]
     angle = pos / torch.pow(10000.0, two_i / d_model)  # [P, D/2]
-    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    pe = torch.zeros(n_positions, d_model, dtype=torch.float64, device="cpu")
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return pe.float()
@@ -240,6 +241,26 @@ class Transformer(nn.Module):
         self.output_layer: nn.Module | None = None  # replaces the output projection (int8.py); None: the weights
         self.row_multiple = 1  # a decoding step pads its rows towards a multiple of this (`padded_rows`; packed.py)
         self.reset_parameters()
+
+    @classmethod
+    def without_weights(cls, config: ModelConfig) -> Transformer:
+        """A Transformer whose parameters hold no memory and were never initialised (the meta device), for
+        `load_state_dict(weights, assign=True)` to give it tensors of its own (checkpoints/format.py: no random
+        float copy beside the checkpoint's); the sinusoidal positions (not saved) are computed on the CPU as always.
+        Initialising is skipped (the layers' `reset_parameters`, for the construction only: a model is built at start,
+        not beside other threads' layers), not only pointless: torch 2.13's `normal_` on the meta device, as its other
+        meta kernels written in Python, holds ~73 MB the first time it runs."""
+        layers = (nn.Linear, nn.Embedding, nn.LayerNorm, cls)
+        kept = [layer.reset_parameters for layer in layers]
+        try:
+            for layer in layers:
+                layer.reset_parameters = lambda self: None
+            with torch.device("meta"):
+                model = cls(config)
+        finally:
+            for layer, reset in zip(layers, kept, strict=True):
+                layer.reset_parameters = reset
+        return model
 
     def reset_parameters(self) -> None:
         """Xavier-uniform projections with zero biases; embeddings N(0, d_model^-0.5) (as fairseq/tensor2tensor)."""

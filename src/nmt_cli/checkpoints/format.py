@@ -56,7 +56,7 @@ class Checkpoint:
         in memory, not two, while the Translator packs or quantizes them)."""
         from nmt_cli.model import Transformer
 
-        model = Transformer(self.model_config)
+        model = Transformer.without_weights(self.model_config) if share else Transformer(self.model_config)
         state = self.model_state
         if share:
             own = model.state_dict()
