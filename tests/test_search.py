@@ -490,21 +490,26 @@ def test_ensemble_averages_log_probabilities():
     torch.testing.assert_close(got, (want[0] + want[1]) / 2)
 
 
-def test_beam_search_with_block_topk_equals_plain_topk(monkeypatch):
+def test_beam_search_with_block_topk_or_one_topk_equals_plain_topk(monkeypatch):
     torch.manual_seed(13)
     model = Transformer(preset("tiny", vocab_size=1024, d_model=32, d_ff=64, n_heads=4, dropout=0.0)).eval()
     g = torch.Generator().manual_seed(14)
     src = torch.randint(4, 1024, (10, 9), generator=g)
     src[:, -1] = EOS_ID
     cfg = SearchConfig(beam=4, nbest=4, max_len_a=1.0, max_len_b=5)
+    flat = beam_search(model, src, src == PAD_ID, cfg)  # 10 x 4 x 1024 log-probabilities: one top-k
+    monkeypatch.setattr(beam_module, "FLAT_MAX", 0)
     blocked = beam_search(model, src, src == PAD_ID, cfg)
     monkeypatch.setattr(beam_module, "_block_size", lambda width, k: None)
     plain = beam_search(model, src, src == PAD_ID, cfg)
     assert [[h.tokens for h in hs] for hs in blocked] == [[h.tokens for h in hs] for hs in plain]
+    assert [[h.tokens for h in hs] for hs in flat] == [[h.tokens for h in hs] for hs in plain]
 
 
+@pytest.mark.parametrize("flat_max", [0, 1 << 30])  # blocks (or each beam's own topk), or one topk a sentence
 @pytest.mark.parametrize("width", [8000, 37000, 1000, 997])  # blocks of 64, 50, 50; 997 (prime): each beam's own topk
-def test_candidates_are_the_best_over_beams_times_vocabulary(width):
+def test_candidates_are_the_best_over_beams_times_vocabulary(width, flat_max, monkeypatch):
+    monkeypatch.setattr(beam_module, "FLAT_MAX", flat_max)
     g = torch.Generator().manual_seed(width)
     state = SearchState(4, 5, [3] * 5, None, 0, "cpu")
     state.scores = torch.randn(5, 4, generator=g) * 3

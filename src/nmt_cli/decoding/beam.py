@@ -26,6 +26,10 @@ BLOCK_DEVICES = ("cpu",)
 # Where `finalize` may read from the device within a step (free on a CPU, a wait for the device elsewhere): a step
 # with no EOS candidate then skips the bookkeeping of finished hypotheses.
 READ_DEVICES = ("cpu",)
+# On CPU, up to this many log-probabilities a step ([N*K, V]: one sentence over a shortlist's columns, a few over the
+# whole vocabulary) one top-k over each sentence's K x V sums is cheaper than the blocks (3.4x at 1 x 4 x 384, parity
+# near 32 x 4 x 1024: docs/results-history.md#one-sentence-a-call-the-steps-host-work-machine-e-2026-11-28-fourth).
+FLAT_MAX = 1 << 16
 
 
 class BeamSearch:
@@ -73,12 +77,16 @@ def _block_size(width: int, k: int) -> int | None:
 def candidates(state: SearchState, lprobs: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Best 2K (beam, token) extensions per sentence.  lprobs [N*K, V] -> scores, beams, tokens, each [N, 2K].
 
-    The full [N*K, V] matrix is never added to or sorted. On CPU (BLOCK_DEVICES) the vocabulary is cut into blocks
-    of ~64 tokens: the 2K best candidates lie in the 2K (beam, block) pairs whose block maximum plus the beam's
+    On CPU (BLOCK_DEVICES), up to FLAT_MAX log-probabilities, one top-k over each sentence's K x V sums (beam score
+    plus token). Beyond that the full [N*K, V] matrix is never added to or sorted: the vocabulary is cut into blocks
+    of ~64 tokens, and the 2K best candidates lie in the 2K (beam, block) pairs whose block maximum plus the beam's
     score is highest, so one max over blocks, a topk over K x blocks and a topk over 2K blocks per sentence do the
     work. Otherwise each beam's 2K best tokens, plus the beam's score, are the only candidates."""
     k, k2 = state.per, 2 * state.per
     n, width = state.n, lprobs.size(1)
+    if lprobs.device.type in BLOCK_DEVICES and lprobs.numel() <= FLAT_MAX:
+        top_scores, top_idx = (lprobs + state.scores.view(-1, 1)).view(n, k * width).topk(k2, dim=1)
+        return top_scores, torch.div(top_idx, width, rounding_mode="floor"), top_idx % width
     block = _block_size(width, k2) if lprobs.device.type in BLOCK_DEVICES and width >= 16 * k2 else None
     if block is None:
         row_scores, row_tokens = lprobs.topk(min(k2, width), dim=1)  # [N*K, 2K']
