@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -201,14 +202,19 @@ def main() -> None:
     lines = a.input.read_text(encoding="utf-8").splitlines()[: a.lines]
     flags = [f for f in Path("/proc/cpuinfo").read_text().split("\n\n")[0].split() if f.startswith(("avx", "amx"))]
     print(f"{a.threads} threads, beam 4, {a.precision}; CPU flags: {' '.join(sorted(set(flags)))}")
+    if probes == ["slope"]:
+        slope(a.ct2_dir, lines, a.threads)
+        return
     tr = Translator.load(a.checkpoint, device="cpu", beam=4, precision=a.precision)
     if "floor" in probes:
         tr.translate(lines[:1])
         floor(tr)
     if "topk" in probes:
         topk()
-    if "slope" in probes:
-        slope(a.ct2_dir, lines, a.threads)
+    if "slope" in probes:  # a process of its own: torch's waiting OpenMP threads slow CTranslate2's several times
+        subprocess.run([sys.executable, __file__, "--checkpoint", a.checkpoint, "--probes", "slope", "--input",
+                        str(a.input), "--lines", str(a.lines), "--threads", str(a.threads), "--ct2-dir",
+                        str(a.ct2_dir)], check=True)
     if "parts" in probes:  # last: it wraps the loop's methods in this process
         parts(tr, lines)
     print(f"(median line length {statistics.median(len(x.split()) for x in lines)} words)")

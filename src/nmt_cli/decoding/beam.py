@@ -27,8 +27,8 @@ BLOCK_DEVICES = ("cpu",)
 # with no EOS candidate then skips the bookkeeping of finished hypotheses.
 READ_DEVICES = ("cpu",)
 # On CPU, up to this many log-probabilities a step ([N*K, V]: one sentence over a shortlist's columns, a few over the
-# whole vocabulary) one top-k over each sentence's K x V sums is cheaper than the blocks (3.4x at 1 x 4 x 384, parity
-# near 32 x 4 x 1024: docs/results-history.md#one-sentence-a-call-the-steps-host-work-machine-e-2026-11-28-fourth).
+# whole vocabulary) one top-k over each sentence's K x V sums is cheaper than the blocks (3.4x at 1 x 4 x 384, 1.2x at
+# 16 x 4 x 1024, 0.63x at 64 x 4 x 1536: docs/results-history.md#one-sentence-a-call-the-steps-host-work-machine-e-2026-11-28-fourth).
 FLAT_MAX = 1 << 16
 
 
