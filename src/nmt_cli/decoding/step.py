@@ -48,8 +48,9 @@ def static_step(model, tokens: Tensor, cache: DecoderCache, output=None) -> Tens
     return logits if padded == rows else logits[:rows]
 
 
-def padded_rows(rows: int, multiple: int) -> int:
+def padded_rows(rows: int, multiple: int, least: int = 1) -> int:
     """`rows` rounded up to a multiple of `multiple`, or of rows / 8 rounded down to a power of two where that is
-    smaller: at most 1/8 more rows (one sentence's few rows stay as they are), and a few shapes per octave."""
-    step = min(multiple, 1 << max(0, rows.bit_length() - 4))
+    smaller: at most 1/8 more rows (one sentence's few rows stay as they are), and a few shapes per octave. `least`:
+    a multiple of this at least (the encoder's tokens: inference/packed.py's `encoder_rows`)."""
+    step = max(least, min(multiple, 1 << max(0, rows.bit_length() - 4)))
     return -(-rows // step) * step

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt_cli.decoding.step import padded_rows
 from nmt_cli.errors import ConfigError
 from nmt_cli.model import replace_linears
 
@@ -79,11 +80,9 @@ def use_packed() -> bool:
 
 
 def encoder_rows(rows: int) -> int:
-    """The rows an encoder's product runs with: `rows` (tokens) rounded up to a multiple of 8, or of rows / 8 rounded
-    down to a power of two (at most ROW_MULTIPLE) where that is larger; so one sentence's lengths make a few shapes
-    (a multiple of 8 each), a batch's at most 1/8 more rows (as a decoding step's: decoding.step.padded_rows)."""
-    step = max(8, min(ROW_MULTIPLE, 1 << max(0, rows.bit_length() - 4)))
-    return -(-rows // step) * step
+    """The rows an encoder's product runs with: `rows` (tokens) padded as a decoding step's rows
+    (decoding.step.padded_rows), but to a multiple of 8 at least: one sentence's lengths make a few shapes."""
+    return padded_rows(rows, ROW_MULTIPLE, least=8)
 
 
 class PackedLinear(nn.Module):
