@@ -32,6 +32,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
+from decode_step import cpu_name  # noqa: E402  (bench/tools: this script's folder)
+
 from nmt_cli.decoding import beam, scheduler  # noqa: E402
 from nmt_cli.decoding import step as decoding_step  # noqa: E402
 from nmt_cli.decoding.cache import DecoderCache  # noqa: E402
@@ -200,8 +202,7 @@ def main() -> None:
     probes = a.probes.split(",")
     set_threads(a.threads)
     lines = a.input.read_text(encoding="utf-8").splitlines()[: a.lines]
-    flags = [f for f in Path("/proc/cpuinfo").read_text().split("\n\n")[0].split() if f.startswith(("avx", "amx"))]
-    print(f"{a.threads} threads, beam 4, {a.precision}; CPU flags: {' '.join(sorted(set(flags)))}")
+    print(f"{a.threads} threads, beam 4, {a.precision}; {cpu_name()}")
     if probes == ["slope"]:
         slope(a.ct2_dir, lines, a.threads)
         return
