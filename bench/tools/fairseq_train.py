@@ -27,6 +27,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from train_ab import steady_state
+
 ROOT = Path(__file__).resolve().parents[2]
 SRC, TGT = "en", "de"
 MODEL = ["--arch", "transformer", "--share-all-embeddings", "--dropout", "0.1",
@@ -84,10 +86,7 @@ def run_once(python: str, data: Path, work: Path, args) -> dict:
             if "| train_inner |" in line]
     if len(logs) < 2:
         raise RuntimeError(f"fairseq-train logged {len(logs)} windows; want --steps >= 2 x --log-every")
-    updates = args.log_every * (len(logs) - 1)
-    tokens = sum(float(r["wpb"]) * args.log_every for r in logs[1:])
-    seconds = sum(float(r["wpb"]) * args.log_every / float(r["wps"]) for r in logs[1:])
-    return {"ms_per_update": 1e3 * seconds / updates, "tgt_tok_s": tokens / seconds, "load": (load, os.getloadavg()[0])}
+    return steady_state([(float(r["wpb"]), float(r["wps"])) for r in logs], args.log_every, load)
 
 
 def main() -> None:

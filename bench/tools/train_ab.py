@@ -28,8 +28,6 @@ import tempfile
 from functools import partial
 from pathlib import Path
 
-from fairseq_train import run_once as fairseq_run_once
-
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--d-model", "256", "--d-ff", "1024", "--heads", "4", "--layers", "3", "--dropout", "0.1"]
 
@@ -53,11 +51,16 @@ def run_once(src: Path, data: Path, work: Path, args) -> dict:
     subprocess.run(cmd, check=True, env=env, capture_output=True)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     logs = [r for r in records if r["kind"] == "train"]
-    first, last = logs[0], logs[-1]
-    # the log windows time the updates alone (a validation or save between them is not counted)
-    updates = last["step"] - first["step"]
-    tokens = sum(r["tgt_tokens_per_update"] * args.log_every for r in logs[1:])
-    seconds = sum(r["tgt_tokens_per_update"] * args.log_every / r["tgt_tokens_per_s"] for r in logs[1:])
+    return steady_state([(r["tgt_tokens_per_update"], r["tgt_tokens_per_s"]) for r in logs], args.log_every, load)
+
+
+def steady_state(windows: list[tuple[float, float]], log_every: int, load: float) -> dict:
+    """A run's figures from its log windows of `log_every` updates each, (target tokens per update, target tokens/s),
+    the first left out (start-up): ms per update and target tokens/s over the updates alone (a validation or save
+    between windows is not counted), and the load average before (`load`) and now."""
+    updates = log_every * (len(windows) - 1)
+    tokens = sum(per_update * log_every for per_update, _ in windows[1:])
+    seconds = sum(per_update * log_every / per_s for per_update, per_s in windows[1:])
     return {"ms_per_update": 1e3 * seconds / updates, "tgt_tok_s": tokens / seconds, "load": (load, os.getloadavg()[0])}
 
 
@@ -83,6 +86,8 @@ def main() -> None:
         runs = {f"old {args.old}": partial(run_once, old_tree(args.old, Path(tmp))),
                 "this checkout": partial(run_once, ROOT / "src")}
         if args.fairseq_python:
+            from fairseq_train import run_once as fairseq_run_once
+
             runs["fairseq 0.12.2"] = partial(fairseq_run_once, args.fairseq_python)
         results: dict[str, list[dict]] = {name: [] for name in runs}
         names = list(runs)
