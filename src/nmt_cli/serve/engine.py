@@ -5,7 +5,9 @@ with a `Feed` (decoding/scheduler.py) that hands out the waiting sentences as ba
 search at a host check (continuous batching across requests), and an `on_done` callback that gives each sentence
 its hypotheses as it finishes: a request completes the moment its last sentence does, whatever else runs. The
 feed encodes the waiting sentences on a thread of its own while the search decodes (PyTorch's operations release
-the GIL), so a batch joins already encoded and the search's thread spends its time on decoding steps.
+the GIL), so a batch joins already encoded and the search's thread spends its time on decoding steps; with nothing
+running, the search's thread encodes its next batch itself, and waits LINGER_S for one before it ends, so that one
+client's requests, one after another, are decoded by one thread (with threads lent, one OpenMP team: remote.py).
 
 Search configs: sentences whose requests ask for the same search (beam, length penalty, lengths, sampling) share
 one running search; a request with other options is a group of its own, searched at the same time by another of
@@ -41,6 +43,7 @@ from nmt_cli.serve.turns import Turns
 
 JOIN_FRACTION = 0.25  # waiting sentences are encoded as one batch once they are this fraction of the running ones,
 JOIN_WAIT_S = 0.03  # or once the oldest has waited this long (fewer, larger batches: each encoding has a fixed cost)
+LINGER_S = 0.05  # a search with nothing left waits this long for more before it ends (the same thread decodes the next)
 SEARCHES = 4  # searches (groups of different settings) decoded at once, in turns; more groups wait for a worker
 FIELDS = dataclasses.fields(SearchConfig)  # a search's key: its settings' values, in order
 
@@ -120,8 +123,11 @@ class Engine:
     """A Translator served to concurrent requests (see the module docstring). `max_queue`: sentences accepted and
     not yet finished, at most. `max_tokens`/`max_sentences` bound one batch taken from the queue."""
 
-    def __init__(self, translator: Translator, max_queue: int = 1024, name: str = "nmt-engine"):
+    def __init__(self, translator: Translator, max_queue: int = 1024, name: str = "nmt-engine",
+                 lend: Callable[[], int] | None = None):
         self.translator = translator
+        self.lend = lend  # the intra-op threads a lone search may use now (remote.py's pool lends idle engines' own)
+        self.base = torch.get_num_threads()  # the engine's own threads (encoding threads, several searches)
         self.default = translator.config.search
         self.max_queue = max_queue
         self.max_tokens = translator.config.max_tokens
@@ -269,6 +275,14 @@ class Engine:
         """(holding the lock) Groups with sentences waiting and no search."""
         return [k for k, g in self.groups.items() if g.waiting and g.feed is None]
 
+    def pace(self) -> None:
+        """(in a search's thread, before a step or an encoding) Its threads: with `lend`, the count lent when it is
+        the only search running, else the engine's own. Per thread: torch's count is each OpenMP thread's own."""
+        if self.lend is not None:
+            want = self.lend() if len(self.feeds) == 1 else self.base
+            if torch.get_num_threads() != want:  # (the first call also takes the thread's initial count)
+                torch.set_num_threads(want)
+
     def _starved(self) -> bool:
         """(holding the lock) A group waits for a worker and none is free: the running searches drain."""
         return not self.idle and any(g.waiting and g.feed is None for g in self.groups.values())
@@ -302,6 +316,7 @@ class _Feed:
         self.encoding = 0  # sentences being encoded now
         self.running = self.group.running = 0  # sentences the search decoded at its last look
         self.stopped = False
+        self.idle = False  # the search waits with nothing running: it encodes the next batch itself
         self.error: Exception | None = None  # the encoding failed (raised in the search's thread)
         self.cond = threading.Condition(engine.lock)  # its encoding thread and its search wait on this
         self.thread = threading.Thread(target=self._encode, name=f"{threading.current_thread().name}-encode",
@@ -314,6 +329,8 @@ class _Feed:
         """The encoding thread: while the search has room, the waiting sentences as one batch, encoded. A failure
         is raised in the search's thread at its next look (Engine._run then fails the requests)."""
         engine = self.engine
+        if engine.lend is not None and torch.get_num_threads() != engine.base:
+            torch.set_num_threads(engine.base)  # (a new thread starts from the count last set, maybe a lent one)
         try:
             with torch.inference_mode():
                 while self._encode_next():
@@ -331,7 +348,7 @@ class _Feed:
                 if self.stopped:
                     return False
                 room = self._room()
-                live = self._live() if room > 0 and not self._draining() else 0
+                live = self._live() if room > 0 and not self.idle and not self._draining() else 0
                 wait = JOIN_WAIT_S - (time.monotonic() - self.group.waiting[0][3]) if live else None
                 if live and (self.group.worth_encoding() or wait <= 0):
                     batch = self._take(room)
@@ -368,6 +385,7 @@ class _Feed:
 
     def poll(self, running: int):
         self.engine.turns.take(self, len(self.requests))  # (a step's end: the next one when it is this search's turn)
+        self.engine.pace()
         with self.engine.cond:
             self._check(running)
             return self.ready.popleft() if self.ready else None
@@ -392,19 +410,45 @@ class _Feed:
             return gone
 
     def wait(self):
-        """Nothing runs: the next batch, or None to end the search (nothing left, or a group waits for a worker)."""
+        """Nothing runs: the next batch, or None to end the search (nothing left, or a group waits for a worker).
+        The search's own thread encodes it (no hand-over to the encoding thread, whose turn is for joins while the
+        search decodes)."""
         engine = self.engine
         engine.turns.leave(self)  # (no step until there is a batch)
+        mine, deadline = None, None
         with engine.cond:
-            while True:
-                self._check(0)
-                if self.ready:
-                    batch = self.ready.popleft()
-                    break
-                if not self.encoding and (self._draining() or not self._live()):
-                    self.stopped = True  # (at once: the encoding thread takes nothing for a search that ends)
-                    return None
-                self.cond.wait()
+            self.idle = True
+            try:
+                while True:
+                    self._check(0)
+                    if self.ready:
+                        batch = self.ready.popleft()
+                        break
+                    if not self.encoding and (self._draining() or not self._live()):
+                        now = time.monotonic()
+                        deadline = deadline or now + LINGER_S
+                        if self._draining() or engine.closing or now >= deadline:
+                            self.stopped = True  # (at once: the encoding thread takes nothing for a search that ends)
+                            return None
+                        self.cond.wait(deadline - now)  # (a request of the same settings soon: this thread takes it)
+                        continue
+                    if not self.encoding:  # sentences wait and the search has room (nothing runs)
+                        mine = self._take(self._room())
+                        self.encoding = mine.src.size(0)
+                        break
+                    self.cond.wait()
+            finally:
+                self.idle = False
+                if self.group.waiting:
+                    self.cond.notify_all()  # (the encoding thread passed them over while this one waited)
+        engine.pace()
+        if mine is not None:
+            try:
+                batch = mine._replace(cache=encode_batch(engine.translator.model, mine.src, mine.src_pad_mask))
+            finally:
+                with engine.cond:
+                    self.encoding = 0
+                    self.cond.notify_all()
         engine.turns.take(self, len(self.requests))
         return batch
 
