@@ -6,8 +6,8 @@ search at a host check (continuous batching across requests), and an `on_done` c
 its hypotheses as it finishes: a request completes the moment its last sentence does, whatever else runs. The
 feed encodes the waiting sentences on a thread of its own while the search decodes (PyTorch's operations release
 the GIL), so a batch joins already encoded and the search's thread spends its time on decoding steps; with nothing
-running, the search's thread encodes its next batch itself, and waits LINGER_S for one before it ends, so that one
-client's requests, one after another, are decoded by one thread (with threads lent, one OpenMP team: remote.py).
+running, the search's thread encodes its next batch itself (no hand-over), and waits LINGER_S for one before it ends,
+so that one client's requests, one after another, are decoded by one running search (no thread started for each).
 
 Search configs: sentences whose requests ask for the same search (beam, length penalty, lengths, sampling) share
 one running search; a request with other options is a group of its own, searched at the same time by another of
@@ -123,11 +123,8 @@ class Engine:
     """A Translator served to concurrent requests (see the module docstring). `max_queue`: sentences accepted and
     not yet finished, at most. `max_tokens`/`max_sentences` bound one batch taken from the queue."""
 
-    def __init__(self, translator: Translator, max_queue: int = 1024, name: str = "nmt-engine",
-                 lend: Callable[[], int] | None = None):
+    def __init__(self, translator: Translator, max_queue: int = 1024, name: str = "nmt-engine"):
         self.translator = translator
-        self.lend = lend  # the intra-op threads a lone search may use now (remote.py's pool lends idle engines' own)
-        self.base = torch.get_num_threads()  # the engine's own threads (encoding threads, several searches)
         self.default = translator.config.search
         self.max_queue = max_queue
         self.max_tokens = translator.config.max_tokens
@@ -275,14 +272,6 @@ class Engine:
         """(holding the lock) Groups with sentences waiting and no search."""
         return [k for k, g in self.groups.items() if g.waiting and g.feed is None]
 
-    def pace(self) -> None:
-        """(in a search's thread, before a step or an encoding) Its threads: with `lend`, the count lent when it is
-        the only search running, else the engine's own. Per thread: torch's count is each OpenMP thread's own."""
-        if self.lend is not None:
-            want = self.lend() if len(self.feeds) == 1 else self.base
-            if torch.get_num_threads() != want:  # (the first call also takes the thread's initial count)
-                torch.set_num_threads(want)
-
     def _starved(self) -> bool:
         """(holding the lock) A group waits for a worker and none is free: the running searches drain."""
         return not self.idle and any(g.waiting and g.feed is None for g in self.groups.values())
@@ -329,8 +318,6 @@ class _Feed:
         """The encoding thread: while the search has room, the waiting sentences as one batch, encoded. A failure
         is raised in the search's thread at its next look (Engine._run then fails the requests)."""
         engine = self.engine
-        if engine.lend is not None and torch.get_num_threads() != engine.base:
-            torch.set_num_threads(engine.base)  # (a new thread starts from the count last set, maybe a lent one)
         try:
             with torch.inference_mode():
                 while self._encode_next():
@@ -385,7 +372,6 @@ class _Feed:
 
     def poll(self, running: int):
         self.engine.turns.take(self, len(self.requests))  # (a step's end: the next one when it is this search's turn)
-        self.engine.pace()
         with self.engine.cond:
             self._check(running)
             return self.ready.popleft() if self.ready else None
@@ -441,7 +427,6 @@ class _Feed:
                 self.idle = False
                 if self.group.waiting:
                     self.cond.notify_all()  # (the encoding thread passed them over while this one waited)
-        engine.pace()
         if mine is not None:
             try:
                 batch = mine._replace(cache=encode_batch(engine.translator.model, mine.src, mine.src_pad_mask))

@@ -33,7 +33,6 @@ from nmt_cli.inference import allocator
 from nmt_cli.inference.translate import Translator
 from nmt_cli.serve.engine import Engine, Job, QueueFull, Stopping, Throughput, retry_after
 
-LEND_AFTER_S = 0.5  # threads are lent to a busy engine once every other one has been idle this long (one client)
 READY_TIMEOUT_S = 600  # loading a large model from a slow disk
 STATS_TIMEOUT_S = 1.0  # /info waits this long for the engine process's counters, then shows the last ones it sent
 
@@ -42,9 +41,8 @@ class EngineProcessError(NmtError):
     """The engine process could not start (its message says why; `--no-engine-process` serves without one)."""
 
 
-def _serve(conn, spec: dict, queue_size: int, name: str, lent=None) -> None:
-    """The engine process: load the model as `nmt serve` does, then run an Engine on the pipe's requests. `lent`: a
-    shared int, the threads its search may use now (EnginePool lends an idle engine's threads to the busy one)."""
+def _serve(conn, spec: dict, queue_size: int, name: str) -> None:
+    """The engine process: load the model as `nmt serve` does, then run an Engine on the pipe's requests."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from nmt_cli.inference import translate as core
@@ -54,7 +52,7 @@ def _serve(conn, spec: dict, queue_size: int, name: str, lent=None) -> None:
         ckpts = core.load_checkpoints([spec["model"]])
         translator = core.Translator(ckpts, spec["device"], spec["precision"], spec["config"],
                                      core.Warner(lambda message: None))
-        engine = Engine(translator, queue_size, name, None if lent is None else lambda: lent.value)
+        engine = Engine(translator, queue_size, name)
     except Exception as exc:  # reported to the HTTP process, which fails to start with it
         conn.send(("error", f"{type(exc).__name__}: {exc}".splitlines()[0]))
         return
@@ -120,10 +118,7 @@ class RemoteEngine:
         self.max_queue = max_queue
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.threads = spec.get("threads")  # its own; None: torch's default (then nothing is lent)
-        self.lent = None if self.threads is None else ctx.RawValue("i", self.threads)  # written by EnginePool
-        self.process = ctx.Process(target=_serve, args=(child, spec, max_queue, name, self.lent), name=name,
-                                   daemon=True)
+        self.process = ctx.Process(target=_serve, args=(child, spec, max_queue, name), name=name, daemon=True)
         self.process.start()
         child.close()
         if not self.conn.poll(READY_TIMEOUT_S):
@@ -275,11 +270,7 @@ class RemoteEngine:
 class EnginePool:
     """Several engine processes for one model, as offline translation's decoding streams (CPU, 2 threads or more):
     each request goes whole to the one with the fewest sentences queued; the queue bound holds over all of them.
-    The `Engine` interface again (cancel goes to the request's engine; counters are summed).
-
-    Threads are lent: while one engine alone has work, its search decodes with the idle ones' threads too (one
-    sentence's steps are 1.15x faster on 2 threads than on 1), and each has its own again the moment another gets
-    work (at its next step; `_lend`)."""
+    The `Engine` interface again (cancel goes to the request's engine; counters are summed)."""
 
     def __init__(self, engines: list[RemoteEngine], max_queue: int):
         self.engines = engines
@@ -289,9 +280,6 @@ class EnginePool:
         self.max_queue = max_queue
         self.lock = threading.Lock()
         self.owners: dict[int, RemoteEngine] = {}  # id(job) -> its engine, while it may be cancelled
-        lending = all(e.lent is not None for e in engines)
-        self.threads = sum(e.threads for e in engines) if lending else None  # all of them, lent to a lone busy one
-        self.idle_since = {e: time.monotonic() for e in engines}  # when each last had nothing queued (None: busy)
 
     config = Engine.config
     submit = Engine.submit  # tokenized here, then `submit_ids`
@@ -310,12 +298,10 @@ class EnginePool:
             def finished(job: Job) -> None:
                 with self.lock:
                     self.owners.pop(id(job), None)
-                    self._lend()
                 on_finish(job)
 
             job = engine.submit_ids(sources, cfg, finished)
             self.owners[id(job)] = engine
-            self._lend()
         return job
 
     def cancel(self, job: Job) -> None:
@@ -323,24 +309,6 @@ class EnginePool:
             engine = self.owners.pop(id(job), None)
         if engine is not None:
             engine.cancel(job)
-            with self.lock:
-                self._lend()
-
-    def _lend(self) -> None:
-        """(holding the lock) Write each engine's threads (`lent_threads`): every thread to a lone busy engine
-        once the others have been idle LEND_AFTER_S (one client at a time). Two clients at once keep engines busy
-        and idle in turn: lending at each turn made both slower (the threads' hand-overs cost more than they gave)."""
-        if self.threads is None:
-            return
-        now = time.monotonic()
-        for e in self.engines:
-            if e.queued and not e.dead:
-                self.idle_since[e] = None
-            elif self.idle_since[e] is None:
-                self.idle_since[e] = now
-        idle = [None if self.idle_since[e] is None else now - self.idle_since[e] for e in self.engines]
-        for e, n in zip(self.engines, lent_threads([e.threads for e in self.engines], idle), strict=True):
-            e.lent.value = n
 
     def stats(self) -> dict:
         total: dict = {"engine_processes": len(self.engines)}
@@ -356,12 +324,3 @@ class EnginePool:
         if wait:
             for engine in self.engines:
                 engine.close(wait=True, timeout=timeout)
-
-
-def lent_threads(own: list[int], idle: list[float | None]) -> list[int]:
-    """Each engine's threads now, from `own` (its own) and `idle` (seconds since it last had work; None: it has):
-    all of them to the one busy engine while every other one has been idle LEND_AFTER_S, else each its own."""
-    busy = [i for i, t in enumerate(idle) if t is None]
-    if len(busy) == 1 and all(t is None or t >= LEND_AFTER_S for t in idle):
-        return [sum(own) if i == busy[0] else n for i, n in enumerate(own)]
-    return list(own)
