@@ -41,12 +41,12 @@ def answer(engine: Engine, lines: list[str]) -> str:
 
 
 def test_one_clients_requests_one_after_another_are_decoded_by_one_search_thread(translator, monkeypatch):
-    monkeypatch.setattr(engine_module, "LINGER_S", 30.0)  # (a request never comes too late to find it waiting)
+    monkeypatch.setattr(engine_module, "LINGER_S", 600.0)  # (a request never comes too late to find it waiting)
     engine = Engine(translator)
     try:
         names = {answer(engine, [line]) for line in LINES[:4]}
         assert len(names) == 1
         assert engine.stats()["search_groups"] == 1  # the search waits for more
     finally:
-        engine.close(timeout=20)
+        engine.close(timeout=60)
     assert not any(t.is_alive() for t in engine.threads)  # closing does not wait for the lingering search's time
