@@ -96,12 +96,28 @@ def test_a_failing_stream_fails_the_call_and_threads_are_restored(ckpt_path, mon
 
 def test_streams_by_default_and_when_asked(ckpt_path, torch_threads):  # noqa: F811
     torch.set_num_threads(2)
-    assert translator(ckpt_path).streams() == 1  # one by default: two cost 1.4x the memory for no speed on a quiet CPU
+    assert translator(ckpt_path).streams() == 2  # a small model on two threads: two streams
     assert translator(ckpt_path, workers=3).streams() == 3
+    assert translator(ckpt_path, workers=1).streams() == 1
     sampling = SearchConfig(beam=1, sampling=True, seed=1, max_len_a=1.0, max_len_b=4)
     assert translator(ckpt_path, search=sampling, workers=2).streams() == 1  # one generator: one stream
+    assert translator(ckpt_path, search=sampling).streams() == 1
+    torch.set_num_threads(1)
+    assert translator(ckpt_path).streams() == 1
+    torch.set_num_threads(2)
+    big = translator(ckpt_path)
+    big.model_parameters = [streams.TWO_STREAMS_BELOW]  # a model that large: one stream unless asked
+    assert big.streams() == 1
+    big.config = TranslateConfig(workers=2)
+    assert big.streams() == 2
     with pytest.raises(ConfigError, match="workers must be at least 1"):
         TranslateConfig(workers=0).validate()
+
+
+def test_default_streams_by_threads_and_model_size():
+    assert streams.default_streams(2, streams.TWO_STREAMS_BELOW - 1) == 2
+    assert streams.default_streams(8, streams.TWO_STREAMS_BELOW) == 1
+    assert streams.default_streams(1, 1000) == 1
 
 
 def test_seeded_sampling_is_the_same_whatever_the_workers(ckpt_path, torch_threads):  # noqa: F811

@@ -200,9 +200,9 @@ def register(app: typer.Typer) -> None:
         threads: int = OPTIONS["threads"](),
         workers: int = typer.Option(
             None, "--workers", min=1, metavar="N", rich_help_panel=_MACHINE,
-            show_default="1",
+            show_default="2 on a CPU with 2 threads or more for a model under 10M parameters, else 1",
             help="CPU decoding streams, each on threads/N threads (as CTranslate2's inter_threads); sampling uses 1. "
-                 "2 can be faster beside other busy processes, at more memory.",
+                 "2 are faster beside other busy processes, and for small models, at more memory.",
         ),
         cuda_graphs: bool = typer.Option(
             None, "--cuda-graphs/--no-cuda-graphs", rich_help_panel=_MACHINE, show_default="on a GPU",

@@ -1,11 +1,17 @@
 """Several decoding streams over one input's batches, each on a thread of its own (CPU), as CTranslate2's
-`inter_threads` (`nmt translate --workers N`; one stream is the default).
+`inter_threads` (`nmt translate --workers N`).
 
-A step is many small operations; one stream of two intra-op threads waits at each for the slower thread, which a
-busy neighbour makes far slower, while two streams of one thread keep both cores busy (PyTorch releases the GIL),
-at the memory of a second working set (docs/results.md#cpu-decoding-mechanisms). The caller deals batches to
-streams from the input alone (translate.stream_batches), never from timing, so the same input gives the same output
-on every run.
+A step is many small operations; one stream of two intra-op threads waits at each for the slower thread (and runs
+its Python with the other core idle), which a busy neighbour makes far slower, while two streams of one thread keep
+both cores busy (PyTorch releases the GIL), at the memory of a second working set
+(docs/results.md#cpu-decoding-mechanisms). The caller deals batches to streams from the input alone (translate.stream_batches), never from
+timing, so the same input gives the same output on every run.
+
+Two streams are the default only for small models (`default_streams`: below TWO_STREAMS_BELOW parameters), whose
+steps are short enough for the host's share of each to count: on the Multi30k model (7.6M parameters, with its
+vocabulary shortlist) two streams were 1.06-1.10x as fast as one, at ~1.2x the peak memory. A larger model's step
+keeps two intra-op threads busy on one stream (the paper's base shape: 1.00-1.03x), and two working sets cost it
+1.5x the memory.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ import torch
 from nmt_cli.decoding.candidates import Shortlisting
 from nmt_cli.decoding.config import Hypothesis, SearchConfig
 from nmt_cli.decoding.scheduler import Batch, Stopped, decode_batches
+
+TWO_STREAMS_BELOW = 10_000_000  # parameters of the largest model (an ensemble's largest member): see the docstring
+
+
+def default_streams(threads: int, parameters: int) -> int:
+    """Decoding streams when the caller does not say: two on two threads or more for a model of fewer than
+    TWO_STREAMS_BELOW `parameters`, else one (module docstring)."""
+    return 2 if threads >= 2 and parameters < TWO_STREAMS_BELOW else 1
 
 
 def decode_streams(model, batches: Sequence[Batch], cfg: SearchConfig, prefixes: Sequence | None,

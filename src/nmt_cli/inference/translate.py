@@ -31,7 +31,7 @@ from nmt_cli.decoding import JOIN_BELOW, Hypothesis, SearchConfig
 from nmt_cli.decoding.batch import source_batch
 from nmt_cli.decoding.candidates import Shortlisting
 from nmt_cli.decoding.graphs import GPU_CHECK_EVERY, StepGraphs
-from nmt_cli.decoding.streams import decode_streams
+from nmt_cli.decoding.streams import decode_streams, default_streams
 from nmt_cli.errors import CheckpointError, ConfigError, DataError
 from nmt_cli.hub import pull as hub
 from nmt_cli.importers import marian, pretrained
@@ -58,7 +58,7 @@ class TranslateConfig:
     # "auto": on a GPU the largest batch that fits, probed when the Translator is made (probe.py); on CPU the default
     max_sentences: int = 512  # sentences per batch
     join_batches: bool = True  # continuous batching: a batch joins the running one's tail (decoding/scheduler.py)
-    workers: int | None = None  # CPU decoding streams, each on its threads // workers threads; None: auto (streams)
+    workers: int | None = None  # CPU decoding streams, each on its threads // workers threads; None: default_streams
     cuda_graphs: bool | None = None  # GPU: decoding steps replayed as CUDA graphs (decoding/graphs.py); None: on
     nbest: int = 1  # > 1: TSV rows "line<TAB>rank<TAB>score<TAB>text"
     scores: bool = False  # prefix each output line with the best hypothesis' score and a TAB
@@ -364,11 +364,13 @@ class Translator:
         return out
 
     def streams(self) -> int:
-        """Decoding streams (decoding/streams.py): `workers` on a CPU (default 1); one on a GPU, and for sampling,
-        which draws from one generator."""
+        """Decoding streams (decoding/streams.py): `workers` on a CPU when given, else `default_streams` (two for a
+        small model on two threads or more); one on a GPU, and for sampling, which draws from one generator."""
         if self.device.type != "cpu" or self.config.search.sampling:
             return 1
-        return self.config.workers or 1
+        if self.config.workers is not None:
+            return self.config.workers
+        return default_streams(torch.get_num_threads(), max(self.model_parameters))
 
     def decode_options(self) -> dict:
         """decode_batches' options: with CUDA graphs on (a GPU), static caches, a host check every GPU_CHECK_EVERY
