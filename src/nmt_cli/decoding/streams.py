@@ -4,8 +4,8 @@
 A step is many small operations; one stream of two intra-op threads waits at each for the slower thread (and runs
 its Python with the other core idle), which a busy neighbour makes far slower, while two streams of one thread keep
 both cores busy (PyTorch releases the GIL), at the memory of a second working set
-(docs/results.md#cpu-decoding-mechanisms). The caller deals batches to streams from the input alone (translate.stream_batches), never from
-timing, so the same input gives the same output on every run.
+(docs/results.md#cpu-decoding-mechanisms). The caller deals batches to streams from the input alone
+(translate.stream_batches), never from timing, so the same input gives the same output on every run.
 
 Two streams are the default only for small models (`default_streams`: below TWO_STREAMS_BELOW parameters), whose
 steps are short enough for the host's share of each to count: on the Multi30k model (7.6M parameters, with its
