@@ -11,6 +11,7 @@ import torch
 from nmt_cli.config import BOS_ID, EOS_ID, PAD_ID, preset
 from nmt_cli.decoding import beam as beam_module
 from nmt_cli.decoding import cache as cache_module
+from nmt_cli.decoding import layout as layout_module
 from nmt_cli.decoding.cache import DecoderCache
 from nmt_cli.decoding.config import SearchConfig, length_penalty, max_output_lengths
 from nmt_cli.decoding.graphs import StepGraphs
@@ -38,6 +39,9 @@ class ScriptedCache:
 
     def repeat_beams(self, k: int) -> None:
         self.rows_ = [r for r in self.rows_ for _ in range(k)]
+
+    def expect(self, positions: int) -> None:
+        pass
 
     def join(self, other):
         self.rows_ += other.rows_
@@ -274,6 +278,9 @@ class FullCache:
     def repeat_beams(self, k: int) -> None:
         self.reorder(torch.tensor([i for i in range(self.rows()) for _ in range(k)]))
 
+    def expect(self, positions: int) -> None:
+        pass
+
     def join(self, other):
         self.memory, self.mask, self.tokens = self.memory + other.memory, self.mask + other.mask, self.tokens + other.tokens
         return self
@@ -343,6 +350,39 @@ def test_the_exact_cache_reads_no_position_it_did_not_write(beam, monkeypatch):
     for c, d in zip(sum(clean, []), sum(dirty, []), strict=True):
         assert [h.tokens for h in c] == [h.tokens for h in d]
         assert [h.score for h in c] == [h.score for h in d]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_mapped_buffers_are_made_for_the_longest_sentence_at_once(beam, monkeypatch):
+    """Where a segment's keys-and-values buffers are mapped (layout.py: memory only where written), the first ones
+    hold every position its longest sentence may decode, so they never grow (no copy of what was written); with
+    sentences leaving (their gathers copy the written positions only), joins merging, columns dropped, the
+    hypotheses are those of buffers that grow by buckets."""
+    monkeypatch.setattr(cache_module, "MERGE_GAP", 8)  # joins merge into the running segment
+    model = tiny(seed=2)
+    src, mask, _ = mixed_batch(12, seed=3)
+    cfg = SearchConfig(beam=beam, nbest=beam, max_len_a=1.0, max_len_b=20)
+    batches = [(src[:6], mask[:6]), (src[6:9], mask[6:9]), (src[9:], mask[9:])]
+    made: list[tuple[int, int, int]] = []  # every new set of buffers: (positions written, capacity, columns dropped)
+    grow = cache_module.Segment._grow
+
+    def tracked(self, capacity, drop=0):
+        made.append((self.length, capacity, drop))
+        return grow(self, capacity, drop)
+
+    monkeypatch.setattr(cache_module.Segment, "_grow", tracked)
+    by_buckets = decode_batches(model, batches, cfg, join_below=1.0)  # tiny buffers: from the heap
+    assert {capacity for length, capacity, _ in made if length == 0} == {16}
+    assert any(length and not drop for length, _, drop in made)  # they grew
+    made.clear()
+    monkeypatch.setattr(layout_module, "MAPPED_BYTES", 0)  # every buffer mapped
+    at_once = decode_batches(model, batches, cfg, join_below=1.0)
+    first = max(max_output_lengths([int((~m).sum()) for m in mask[:6]], cfg, None))
+    assert made[0][:2] == (0, 32) and first == 32  # the first batch's longest sentence, at its first step
+    assert not any(length and not drop for length, _, drop in made)  # never grew
+    for a, b in zip(sum(by_buckets, []), sum(at_once, []), strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
 
 
 def test_rows_are_padded_by_at_most_an_eighth_and_few_rows_not_at_all():

@@ -35,7 +35,7 @@ from torch import Tensor
 from nmt_cli.decoding.attention import attend
 from nmt_cli.decoding.batch import index_on
 from nmt_cli.decoding.graphs import layout_key
-from nmt_cli.decoding.layout import Exact, Static, bucket
+from nmt_cli.decoding.layout import Exact, Static
 from nmt_cli.decoding.offsets import Offsets
 from nmt_cli.decoding.slots import Slots
 
@@ -57,6 +57,10 @@ class Cache(Protocol):
 
     def repeat_beams(self, k: int) -> None:
         """Before the first step of a cache's sentences: k rows a sentence (beams or samples) instead of one."""
+
+    def expect(self, positions: int) -> None:
+        """Before the first step of a cache's sentences: the most positions any of them may decode (their longest
+        maximum output length; a hint for the buffers' capacity, layout.py's `capacity`)."""
 
     def join(self, other: Cache) -> Cache:
         """This cache's rows, then `other`'s (not stepped yet), decoded as one batch from the next step on; returns
@@ -85,6 +89,7 @@ class Segment:
         self.layout = Static() if static else Exact()
         self.beams = 1
         self.length = 0  # positions decoded (host)
+        self.expected = 0  # the most positions its sentences may decode (`expect`; 0: not said)
         self.pos = torch.zeros(1, dtype=torch.long, device=cross.device)  # the same, on the device
         self.kv: list[Tensor] | None = None  # per layer [2, N, H, C, B, K], positions [0, length) filled
         self._kv_room: list[Tensor] | None = None  # per layer, the buffer its `kv` is the leading [:, :N] part of
@@ -201,19 +206,29 @@ class Segment:
         self._cross_views()
         need = self.length + 1
         if self.kv is None or self.capacity < need:
-            self._grow(bucket(need))
+            self._grow(self._capacity(need))
         if self.slots is not None:
             self.slots.make_room(self.sentences)
+
+    def _capacity(self, need: int) -> int:
+        """The capacity of new buffers that must hold `need` positions (layout.py's `capacity`: room for `expected`
+        positions at once where they are mapped)."""
+        return self.layout.capacity(self.cross, self._shape(1), need, self.expected)
+
+    def _shape(self, capacity: int) -> tuple[int, ...]:
+        """A layer's keys-and-values buffer of `capacity` positions, with its room for joining sentences."""
+        layers, _, n, heads, _, d_k = self.cross.shape
+        sentences = n if self._kv_room is None else self._kv_room[0].size(1)
+        return (2, sentences, heads, capacity, self.beams, d_k)
 
     def _grow(self, capacity: int, drop: int = 0) -> None:
         """New buffers of `capacity` positions, the filled ones copied (those from column `drop` on, to column 0), a
         layer at a time: each old buffer goes before the next new one is made."""
-        layers, _, n, heads, _, d_k = self.cross.shape
-        sentences = n if self._kv_room is None else self._kv_room[0].size(1)
+        n, shape = self.sentences, self._shape(capacity)
         old, old_room, kept = self.kv, self._kv_room, self.length - drop
         self.kv, self._kv_room = [], []
-        for layer in range(layers):
-            room = self._new((2, sentences, heads, capacity, self.beams, d_k))
+        for layer in range(self.cross.size(0)):
+            room = self._new(shape)
             if old is not None:
                 if kept:
                     room[:, :n, :, :kept] = old[layer][:, :, :, drop : self.length]
@@ -247,14 +262,15 @@ class Segment:
             self.cross, self._room = _keep(self.cross, self._room, sentences, kept)
             for layer in range(len(self.kv or ())):  # (a layer at a time: see _grow)
                 self.kv[layer], self._kv_room[layer] = _keep(self.kv[layer], self._kv_room[layer], sentences, kept,
-                                                             self.length, dim=1)
+                                                             self.length, dim=1, new=self._new)
             self._set_pad(None if self.src_pad is None else self.src_pad.index_select(0, sentences))
             if self.offsets is not None:
                 self.offsets, drop = self.offsets.keep(kept if kept is not None else sentences.tolist())
         if self.slots is not None:
-            self.slots.reorder(rows, sentences is not None)
+            self.slots.reorder(rows, sentences is not None, None if self.static else self.length)
         if drop and self.kv is not None:
-            self._grow(self.capacity, drop)
+            self.expected -= drop
+            self._grow(max(self.capacity, self._capacity(self.length - drop + 1)), drop)
             self.length -= drop
             self.pos -= drop
 
@@ -264,7 +280,8 @@ class Segment:
         length = max(self.length, other.length)
         shifts = (length - self.length, length - other.length)
         n, m = self.sentences, other.sentences
-        capacity = max(self.capacity, other.capacity if other.kv is not None else 0)
+        self.expected = max(self.expected + shifts[0], other.expected + shifts[1])
+        capacity = max(self.capacity, other.capacity if other.kv is not None else 0, self._capacity(length + 1))
         if not shifts[0] and self._kv_room[0].size(1) >= n + m and self.capacity == capacity:
             parts = [(other, shifts[1], n)]  # into the room: this segment's keys and values stay where they are
         else:
@@ -411,6 +428,10 @@ class DecoderCache:
         for seg in self.segments:
             seg.repeat_beams(k)
 
+    def expect(self, positions: int) -> None:
+        for seg in self.segments:
+            seg.expected = max(seg.expected, seg.length + positions)
+
     def join(self, other: DecoderCache) -> DecoderCache:
         self.segments += other.segments
         self.merge()
@@ -453,16 +474,26 @@ def _fill_holes(kept: list[int]) -> list[int]:
 
 
 def _keep(view: Tensor, room: Tensor, sentences: Tensor, kept: list[int] | None,
-          filled: int | None = None, dim: int = 2) -> tuple[Tensor, Tensor]:
+          filled: int | None = None, dim: int = 2, new=None) -> tuple[Tensor, Tensor]:
     """Keep the sentences `sentences` (their host list `kept`) of `view` (sentences along `dim`, positions along
     `dim` + 2), the leading part of `room` along `dim` -> (the kept view, its room): in place when only sentences
     from past the kept count fill holes (`order`; the first `filled` positions copied, all when None), else by a
     gather; by a gather too when the room holds more than 4x what the kept sentences read (a burst of joins does not
-    pin its memory for as long as a server's segment lives)."""
+    pin its memory for as long as a server's segment lives). A gather of `filled` positions goes into a buffer from
+    `new(shape)` of the same capacity, the filled positions only (a buffer sized for the longest sentence to come,
+    layout.py's `capacity`, holds many more)."""
     n = len(kept) if kept is not None else -1
     if (n < 0 or any(k != i and k < n for i, k in enumerate(kept))
             or 4 * n * view.select(dim, 0).numel() < room.size(dim) * room.select(dim, 0).numel()):
-        out = view.index_select(dim, sentences)
+        if filled is None or new is None:
+            out = view.index_select(dim, sentences)
+            return out, out
+        out = new((*view.shape[:dim], sentences.size(0), *view.shape[dim + 1:]))
+        part = view.narrow(dim + 2, 0, filled)
+        if torch.is_grad_enabled() and part.requires_grad:  # (tests: out= does not record autograd)
+            out.narrow(dim + 2, 0, filled).copy_(part.index_select(dim, sentences))
+        else:
+            torch.index_select(part, dim, sentences, out=out.narrow(dim + 2, 0, filled))
         return out, out
     part = view if filled is None else view.narrow(dim + 2, 0, filled)
     for i, k in enumerate(kept):

@@ -159,6 +159,7 @@ class DecodeLoop:
         new = batch.cache if batch.cache is not None else encode_batch(self.model, src, batch.src_pad_mask,
                                                                         self.static)
         new.repeat_beams(self.search.per)  # `per` rows a sentence from its first step (beam copies: start -inf)
+        new.expect(max(max_len))
         if self.state is None:
             self.cache, self.t = new, 0
             self.state = SearchState(self.search.per, n, max_len, prefix, self.started, src.device, self.search.beam)

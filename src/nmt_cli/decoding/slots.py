@@ -57,12 +57,17 @@ class Slots:
             mask |= early.view(n, b, window, 1)
         return mask.view(n, 1, b, window * b)
 
-    def reorder(self, rows: Tensor, sentences_left: bool) -> None:
-        """Rows `rows` [R'] become the rows (in place where the layout wants it and no sentence left)."""
+    def reorder(self, rows: Tensor, sentences_left: bool, filled: int | None = None) -> None:
+        """Rows `rows` [R'] become the rows (in place where the layout wants it and no sentence left). `filled`: only
+        the first `filled` positions are ever read before written (the exact layout): only they are copied."""
         if self.in_place and not sentences_left:
             self.table.copy_(self.table.index_select(0, rows))
-        else:
+        elif filled is None:
             self.table = self.table.index_select(0, rows)
+        else:
+            table = self.table.new_empty((rows.size(0), self.table.size(1)))
+            torch.index_select(self.table[:, :filled], 0, rows, out=table[:, :filled])
+            self.table = table
 
     @staticmethod
     def merged(parts: list[tuple[Slots | None, int, int, int]], capacity: int, length: int, beams: int,

@@ -27,6 +27,10 @@ class EnsembleCache:
         for c in self.caches:
             c.repeat_beams(k)
 
+    def expect(self, positions: int) -> None:
+        for c in self.caches:
+            c.expect(positions)
+
     def join(self, other: EnsembleCache) -> EnsembleCache:
         self.caches = [c.join(o) for c, o in zip(self.caches, other.caches, strict=True)]
         return self
