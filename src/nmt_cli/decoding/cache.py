@@ -217,7 +217,7 @@ class Segment:
 
     def _shape(self, capacity: int) -> tuple[int, ...]:
         """A layer's keys-and-values buffer of `capacity` positions, with its room for joining sentences."""
-        layers, _, n, heads, _, d_k = self.cross.shape
+        _, _, n, heads, _, d_k = self.cross.shape
         sentences = n if self._kv_room is None else self._kv_room[0].size(1)
         return (2, sentences, heads, capacity, self.beams, d_k)
 
